@@ -1,0 +1,3 @@
+"""DFlash drafter training and data tooling."""
+
+__version__ = "0.1.0"

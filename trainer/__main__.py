@@ -1,0 +1,3 @@
+from trainer.cli import main
+
+raise SystemExit(main())

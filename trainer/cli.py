@@ -1,0 +1,93 @@
+"""`python -m trainer ...`: the command line of the trainer package.
+
+Each component registers its own subcommands (``trainer/<component>/cli.py: register``) and exposes
+``stage(cfg) -> int`` so that `python -m trainer run RUN.yml` can run a run's stages in order
+(generate -> prepare -> train -> eval). Heavy imports (torch, transformers) happen inside the
+commands, never at import time, so `--help` is instant.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from trainer.config import ConfigError, RunConfig, load_run_config
+
+# stage name -> module exposing `register(subparsers)` and `stage(cfg) -> int`
+COMPONENTS = {
+    "generate": "trainer.generate.cli",
+    "prepare": "trainer.data.cli",
+    "train": "trainer.dflash.cli",
+    "eval": "trainer.eval.cli",
+}
+
+log = logging.getLogger("trainer")
+
+
+def add_run_config_args(p: argparse.ArgumentParser) -> None:
+    """The run-config arguments every run-driven subcommand takes."""
+    p.add_argument("config", help="run config, e.g. files/runs/NAME.yml")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key (dotted path, value parsed as YAML); repeatable",
+    )
+
+
+def load_from_args(args: argparse.Namespace) -> RunConfig:
+    return load_run_config(args.config, args.overrides)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_from_args(args)
+    for name in cfg.stages:
+        log.info("run %s: stage %s", cfg.name, name)
+        rc = importlib.import_module(COMPONENTS[name]).stage(cfg)
+        if rc:
+            log.error("run %s: stage %s failed (exit %d)", cfg.name, name, rc)
+            return rc
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    cfg = load_from_args(args)
+    print(f"{args.config}: ok (run {cfg.name}, stages {', '.join(cfg.stages)})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="DFlash drafter training: regenerate completions, prepare data, train, evaluate.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run every stage listed in the run config's `stages`, in order")
+    add_run_config_args(p)
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("check", help="validate a run config and exit")
+    add_run_config_args(p)
+    p.set_defaults(func=_cmd_check)
+
+    for module in dict.fromkeys(COMPONENTS.values()):
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

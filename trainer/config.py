@@ -1,0 +1,259 @@
+"""Typed run config: one YAML file per run (files/runs/NAME.yml) -> frozen dataclasses.
+
+The loader is strict: an unknown key, a missing required key or a value of the wrong type is a
+`ConfigError` whose message names the key by its dotted path (``train.lr``, ``generate.endpoints[1].url``).
+`--set a.b=c` overrides go through the same loader, so they are validated the same way.
+
+Each component owns its section (torchtitan style): the section dataclasses live next to the code that
+reads them (``trainer/generate/config.py`` ...) and this module only assembles them into `RunConfig`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names the key at fault."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"{where}: must not be null")
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {tp}")
+    if value is None:
+        raise ConfigError(f"{where}: must not be null (expected {_type_name(tp)})")
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if origin in (list, tuple, Sequence) or tp in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        args = get_args(tp)
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            args = (args[0],)
+        if origin is tuple and len(args) > 1:
+            if len(args) != len(value):
+                raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
+            return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+        item = args[0] if args else Any
+        return tuple(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        kt, vt = get_args(tp) or (Any, Any)
+        return {_convert(kt, k, f"{where}.{k}"): _convert(vt, v, f"{where}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 6e-4 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if tp is Path:
+        if isinstance(value, str):
+            return Path(value)
+        raise ConfigError(f"{where}: expected a path string, got {value!r}")
+    raise ConfigError(f"{where}: unsupported config type {tp!r}")
+
+
+def from_dict(cls: type[T], data: Any, where: str = "") -> T:
+    """Build dataclass `cls` from a mapping, strictly. `where` is the dotted path for messages."""
+    label = where or cls.__name__
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{label}: expected a mapping, got {type(data).__name__} {data!r}")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(
+            f"unknown key {prefix}{unknown[0]!s}"
+            + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
+            + f"; {label} accepts: {', '.join(sorted(fields))}"
+        )
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{where}.{name}" if where else name
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required key {key}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{label}: {e}") from e
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass -> plain YAML-able data (Paths as strings, tuples as lists)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply `a.b=c` overrides (values parsed as YAML scalars) to raw config data."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node = data
+        parts = key.strip().split(".")
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {key}: {'.'.join(parts[: i + 1])} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read run config ({e.strerror})") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a run config must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Load files/runs/NAME.yml (plus `--set` overrides) into a validated `RunConfig`."""
+    data = apply_overrides(read_yaml(path), overrides)
+    data.setdefault("name", Path(path).stem)
+    try:
+        return from_dict(RunConfig, data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections shared by every component. Component sections are imported from their packages.
+# ---------------------------------------------------------------------------------------------
+from trainer.data.config import DataConfig  # noqa: E402
+from trainer.dflash.config import DrafterConfig, LossConfig, TrainConfig  # noqa: E402
+from trainer.eval.config import EvalConfig  # noqa: E402
+from trainer.generate.config import GenerateConfig  # noqa: E402
+
+Stage = Literal["generate", "prepare", "train", "eval"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TargetConfig:
+    """The frozen target model: a local path holding a transformers checkpoint + tokenizer."""
+
+    path: str
+    name: str = ""  # served model name on the SGLang endpoints (defaults to path's basename)
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "auto"
+    stage_to: str = ""  # copy the model to fast local storage (e.g. /dev/shm) before use; "" = off
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class S3Config:
+    """Where a run keeps its data on S3. Credentials come from the environment (AWS_*), never here."""
+
+    bucket: str = ""
+    prefix: str = ""
+    endpoint_url: str = ""  # "" = AWS; set for MinIO/R2/moto
+    region: str = "us-east-1"
+    concurrency: int = 20
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.bucket)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WandbConfig:
+    project: str = ""  # "" = W&B off
+    entity: str = ""
+    mode: Literal["online", "offline", "disabled"] = "online"
+    tags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunConfig:
+    """A whole run: what `files/runs/NAME.yml` says, unchanged from the playbook to the trainer."""
+
+    name: str
+    target: TargetConfig
+    stages: tuple[Stage, ...] = ("train",)
+    run_dir: str = "runs/{name}"  # local working dir of the run; {name} is substituted
+    seed: int = 0
+    s3: S3Config = dataclasses.field(default_factory=S3Config)
+    wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
+    generate: GenerateConfig = dataclasses.field(default_factory=GenerateConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    drafter: DrafterConfig = dataclasses.field(default_factory=DrafterConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir.format(name=self.name))
