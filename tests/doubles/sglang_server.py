@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""A TEST DOUBLE of an SGLang server (OpenAI-compatible HTTP API). It is not SGLang.
+
+Why a double: the SGLang wheel cannot serve on CPU-only machines (sgl_kernel ships CUDA builds only), so
+the generator's tests, the benchmarks and the lab containers (bare Debian, under systemd) use this
+stand-in. It needs only the Python standard library:
+
+    python3 tests/doubles/sglang_server.py --host 127.0.0.1 --port 30000 [--model NAME] [--latency S]
+        [--tokens-per-s N] [--error-rate P] [--die-after N] [--max-running N] [--seed S]
+        [--reasoning-parser qwen3] [--api-key KEY] [--context-length N]
+
+It serves SGLang's response shapes: GET /health, /health_generate, /get_model_info, /get_server_info,
+/v1/models and POST /v1/chat/completions (non-streaming). The completion is a pure function of the
+request's messages (see `expected_completion`), so a client's duplicates and losses are detectable:
+the answer starts with "Answer <key>:" where <key> is a digest of the messages. With
+`--reasoning-parser qwen3` the thinking text comes in `message.reasoning_content` and the answer in
+`message.content` (SGLang's qwen3 parser); without it the thinking is inline as `<think>...</think>`.
+One "token" is one word. `max_tokens` truncates the output with finish_reason "length" (when the budget
+ends inside the thinking, `content` is null, as with SGLang).
+
+Capacity: at most --max-running requests are decoded at once (the rest wait, as in SGLang's queue);
+each takes --latency seconds plus completion_tokens / --tokens-per-s. --error-rate answers that share of
+completions with HTTP 500; --die-after N makes the process exit right after its N-th completion (the
+requests in flight then see their connection reset). GET /double/stats reports counters for tests.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+WORDS = [
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu",
+    "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "draft",
+    "target", "token", "layer", "block", "mask", "anchor", "verify", "accept", "reject",
+]
+ROLES = ("system", "user", "assistant", "tool", "developer")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+IM_END_ID = 151645  # Qwen's <|im_end|>, what SGLang reports as matched_stop
+
+
+def messages_key(messages: list[dict]) -> str:
+    """Digest of the (role, content) turns of a request: the seed of its completion."""
+    turns = [[str(m.get("role", "")), str(m.get("content", ""))] for m in messages]
+    return hashlib.sha256(json.dumps(turns, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def expected_completion(messages: list[dict], enable_thinking: bool = True) -> tuple[str, str]:
+    """(reasoning, answer) the double produces for `messages` when not truncated."""
+    key = messages_key(messages)
+    rng = random.Random(int(key, 16))
+    think = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 60)))
+    answer = f"Answer {key}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 40)))
+    return (f"Thinking {key}: {think}" if enable_thinking else ""), answer
+
+
+def completion_tokens(messages: list[dict], enable_thinking: bool = True) -> list[str]:
+    """The completion as a token list (thinking between the think tags, then the answer)."""
+    reasoning, answer = expected_completion(messages, enable_thinking)
+    head = [THINK_OPEN, *reasoning.split(), THINK_CLOSE] if enable_thinking else []
+    return head + answer.split()
+
+
+def prompt_token_count(messages: list[dict]) -> int:
+    return sum(len(str(m.get("content", "")).split()) + 4 for m in messages) + 2
+
+
+def render(tokens: list[str], enable_thinking: bool, parser: str) -> tuple[str | None, str | None, int]:
+    """(content, reasoning_content, reasoning_tokens) of a (possibly truncated) token list."""
+    if not enable_thinking:
+        return " ".join(tokens), None, 0
+    closed = THINK_CLOSE in tokens
+    cut = tokens.index(THINK_CLOSE) if closed else len(tokens)
+    reasoning = " ".join(tokens[1:cut])
+    answer = " ".join(tokens[cut + 1:]) if closed else ""
+    if parser == "qwen3":
+        return (answer if closed else None), reasoning, cut + (1 if closed else 0)
+    inline = f"{THINK_OPEN}\n{reasoning}\n" + (f"{THINK_CLOSE}\n\n{answer}" if closed else "")
+    return inline, None, cut + (1 if closed else 0)
+
+
+class State:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.slots = threading.BoundedSemaphore(args.max_running)
+        self.lock = threading.Lock()
+        self.rng = random.Random(args.seed)
+        self.served = 0
+        self.errors = 0
+        self.running = 0
+        self.max_seen_running = 0
+        self.started = time.time()
+
+
+def error_body(code: int, message: str, kind: str) -> dict:
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sglang-double/0.1"
+    state: State  # set on the class by main()
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        if self.state.args.verbose:
+            sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
+
+    def _send(self, code: int, body: object, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _authorized(self) -> bool:
+        key = self.state.args.api_key
+        if not key or self.path.split("?")[0] in ("/health", "/health_generate", "/metrics"):
+            return True
+        if self.headers.get("Authorization", "") == f"Bearer {key}":
+            return True
+        self._send(401, {"error": "Unauthorized"})
+        return False
+
+    def do_GET(self) -> None:
+        if not self._authorized():
+            return
+        a, path = self.state.args, self.path.split("?")[0]
+        if path in ("/health", "/health_generate"):
+            self._send(200, b"", "text/plain")
+        elif path == "/get_model_info":
+            self._send(200, {"model_path": a.model, "tokenizer_path": a.model, "is_generation": True,
+                             "preferred_sampling_params": None, "weight_version": "default"})
+        elif path == "/get_server_info":
+            self._send(200, {"model_path": a.model, "served_model_name": a.model, "max_running_requests":
+                             a.max_running, "context_length": a.context_length, "tp_size": 1,
+                             "reasoning_parser": a.reasoning_parser, "version": "double"})
+        elif path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{
+                "id": a.model, "object": "model", "created": int(self.state.started), "owned_by": "sglang",
+                "root": a.model, "max_model_len": a.context_length}]})
+        elif path == "/double/stats":
+            s = self.state
+            with s.lock:
+                self._send(200, {"served": s.served, "errors": s.errors, "running": s.running,
+                                 "max_seen_running": s.max_seen_running})
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        if not self._authorized():
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if self.path.split("?")[0] != "/v1/chat/completions":
+            self._send(404, {"detail": "Not Found"})
+            return
+        try:
+            req = json.loads(raw)
+        except ValueError as e:
+            self._send(400, error_body(400, f"invalid JSON body: {e}", "BadRequestError"))
+            return
+        problem = validate(req)
+        if problem:
+            self._send(400, error_body(400, problem, "BadRequestError"))
+            return
+        self._complete(req)
+
+    def _complete(self, req: dict) -> None:
+        s, a = self.state, self.state.args
+        messages = req["messages"]
+        max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 4096
+        thinking = bool((req.get("chat_template_kwargs") or {}).get("enable_thinking", True))
+        n_prompt = prompt_token_count(messages)
+        if n_prompt + max_tokens > a.context_length:
+            self._send(400, error_body(400, (
+                f"Requested token count exceeds the model's maximum context length of {a.context_length} "
+                f"tokens. You requested a total of {n_prompt + max_tokens} tokens: {n_prompt} tokens from "
+                f"the input messages and {max_tokens} tokens for the completion."), "BadRequestError"))
+            return
+        tokens = completion_tokens(messages, thinking)
+        finish = "stop" if len(tokens) <= max_tokens else "length"
+        tokens = tokens[:max_tokens]
+        with s.slots:
+            with s.lock:
+                s.running += 1
+                s.max_seen_running = max(s.max_seen_running, s.running)
+                fail = a.error_rate > 0 and s.rng.random() < a.error_rate
+            try:
+                time.sleep(a.latency + (len(tokens) / a.tokens_per_s if a.tokens_per_s > 0 else 0.0))
+            finally:
+                with s.lock:
+                    s.running -= 1
+        if fail:
+            with s.lock:
+                s.errors += 1
+            self._send(500, error_body(500, "Internal server error (injected by the SGLang double)",
+                                       "InternalServerError"))
+            return
+        content, reasoning, n_reasoning = render(tokens, thinking, a.reasoning_parser)
+        self._send(200, {
+            "id": uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
+            "model": req.get("model") or a.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
+                                                 "reasoning_content": reasoning, "tool_calls": None},
+                         "logprobs": None, "finish_reason": finish,
+                         "matched_stop": IM_END_ID if finish == "stop" else None}],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(tokens),
+                      "total_tokens": n_prompt + len(tokens), "prompt_tokens_details": None,
+                      "reasoning_tokens": n_reasoning},
+            "metadata": {"weight_version": "default"},
+        })
+        with s.lock:
+            s.served += 1
+            dying = a.die_after > 0 and s.served >= a.die_after
+        if dying:
+            sys.stderr.write(f"sglang double: dying after {s.served} completions (--die-after)\n")
+            os._exit(3)
+
+
+def validate(req: object) -> str:
+    """An SGLang-like 400 message for a malformed chat request, or ''."""
+    if not isinstance(req, dict):
+        return "request body must be a JSON object"
+    if req.get("stream"):
+        return "stream=true is not supported by the SGLang double"
+    messages = req.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: field required (a non-empty list)"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            return f"messages[{i}]: invalid role"
+    mt = req.get("max_completion_tokens") or req.get("max_tokens")
+    if mt is not None and (not isinstance(mt, int) or mt < 1):
+        return f"max_tokens must be a positive integer, got {mt!r}"
+    return ""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="SGLang test double (stdlib only; not SGLang)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", default="Qwen/Qwen3.6-27B")
+    p.add_argument("--latency", type=float, default=0.0, help="seconds per request before decoding")
+    p.add_argument("--tokens-per-s", type=float, default=0.0, help="decode speed per request (0 = instant)")
+    p.add_argument("--error-rate", type=float, default=0.0, help="share of completions answered with 500")
+    p.add_argument("--die-after", type=int, default=0, help="exit after this many completions (0 = never)")
+    p.add_argument("--max-running", type=int, default=64, help="requests decoded at once")
+    p.add_argument("--context-length", type=int, default=262144)
+    p.add_argument("--reasoning-parser", default="", choices=["", "qwen3"])
+    p.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY' (health exempt)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args(argv)
+    if args.max_running < 1:
+        p.error("--max-running must be >= 1")
+    if not 0.0 <= args.error_rate <= 1.0:
+        p.error("--error-rate must be within [0, 1]")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    Handler.state = State(args)
+    ThreadingHTTPServer.request_queue_size = 1024
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    sys.stderr.write(f"sglang double serving {args.model} on http://{args.host}:{args.port}\n")
+    sys.stderr.flush()
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever(poll_interval=0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
