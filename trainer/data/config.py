@@ -5,7 +5,42 @@ import dataclasses
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class DoctorConfig:
+    """Thresholds of the dataset doctor. A dataset is refused when a check's share exceeds its limit."""
+
+    min_supervised_tokens: int = 8  # a sample with fewer supervised tokens is degenerate
+    max_degenerate_share: float = 0.05  # empty response / too few supervised tokens / no 2-token run
+    max_duplicate_share: float = 0.2  # identical responses (beyond the first of each)
+    max_truncated_share: float = 0.2  # rows cut at data.max_length
+    max_unterminated_share: float = 0.5  # <think> opened and never closed (generator hit its limit)
+    max_mode_share: float = 0.5  # share of samples with one identical supervised-token count
+    mode_min_tokens: int = 64  # ...counted only when that count is below this (the seeds' "exactly 6")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name.startswith("max_") and not 0.0 <= v <= 1.0:
+                raise ValueError(f"doctor.{f.name} must be a share in [0, 1], got {v}")
+        if self.min_supervised_tokens < 2:
+            raise ValueError("doctor.min_supervised_tokens must be >= 2 (an anchor needs 2 tokens)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class DataConfig:
     completions: str = ""  # input completions (jsonl dir/file or s3://...); "" = the generate output
     shards: str = "shards"  # prepared Arrow shards, relative to the run dir
     max_length: int = 4096
+    tokenizer: str = ""  # tokenizer dir; "" = target.path
+    num_workers: int = 0  # tokenising processes; 0 = all cores
+    rows_per_shard: int = 8192
+    drop_degenerate: bool = True  # drop degenerate rows from the shards (they stay in the doctor's counts)
+    upload_shards: bool = False  # upload the shards to s3://<bucket>/<prefix>/<shards> after prepare
+    doctor: DoctorConfig = dataclasses.field(default_factory=DoctorConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_length < 16:
+            raise ValueError(f"data.max_length must be >= 16, got {self.max_length}")
+        if self.num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if self.rows_per_shard < 1:
+            raise ValueError(f"data.rows_per_shard must be >= 1, got {self.rows_per_shard}")

@@ -1,0 +1,171 @@
+"""Read completion records (the generator's output, sharegpt, OpenAI messages) into one form.
+
+Input files are `.jsonl`, `.jsonl.zst` or `.json` (a list of records); a directory is read in sorted
+order. Each record becomes a `Conversation`: OpenAI-style messages where an assistant message carries
+its thinking in `reasoning_content` (inline `<think>...</think>` in content is split out). A record that
+cannot be understood is a `DataError` naming the file and line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+INPUT_SUFFIXES = (".jsonl", ".jsonl.zst", ".json", ".jsonl.zstd")
+_SHAREGPT_ROLES = {
+    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+    "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool",
+}
+
+
+class DataError(ValueError):
+    """Input data that cannot be used; the message names the file, line and field at fault."""
+
+
+@dataclasses.dataclass(slots=True)
+class Conversation:
+    id: str
+    messages: list[dict[str, Any]]
+    finish_reason: str = ""
+    where: str = ""  # "file:line", for messages
+    unterminated_think: bool = False  # the last assistant turn opened <think> and never closed it
+
+
+def input_files(path: str | Path) -> list[Path]:
+    """The completion files under `path` (a file or a directory, searched recursively), sorted."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise DataError(f"{p}: no such file or directory (expected completions: jsonl, jsonl.zst)")
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(INPUT_SUFFIXES))
+    if not files:
+        raise DataError(f"{p}: no completion files ({', '.join(INPUT_SUFFIXES)}) in this directory")
+    return files
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.name.endswith((".zst", ".zstd")):
+        import zstandard
+
+        raw = path.open("rb")
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return io.TextIOWrapper(reader, encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
+def iter_raw(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, record) for every record in one file; `where` is "file:line"."""
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from e
+        items = data if isinstance(data, list) else [data]
+        for i, rec in enumerate(items):
+            yield f"{path}[{i}]", rec
+        return
+    with _open_text(path) as fh:
+        try:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"{path}:{lineno}", json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not valid JSON: {e.msg} (column {e.colno})") from e
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not UTF-8 text ({e.reason})") from e
+        except Exception as e:  # zstd errors have no common base class worth importing here
+            if isinstance(e, DataError):
+                raise
+            if type(e).__name__ == "ZstdError":
+                raise DataError(f"{path}: corrupt zstd stream ({e})") from e
+            raise
+
+
+def _split_inline_think(content: str) -> tuple[str, str | None, bool]:
+    """content with inline <think> -> (content, reasoning or None, unterminated)."""
+    if "</think>" in content:
+        head, _, tail = content.partition("</think>")
+        reasoning = head.split("<think>")[-1].strip("\n")
+        return tail.lstrip("\n"), reasoning, False
+    stripped = content.lstrip()
+    if stripped.startswith("<think>"):
+        return "", stripped[len("<think>"):].lstrip("\n"), True
+    return content, None, False
+
+
+def _text(value: Any, where: str, field: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # OpenAI content parts
+        parts = []
+        for part in value:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise DataError(f"{where}: {field}: only text content parts are supported, got {part!r:.80}")
+        return "".join(parts)
+    raise DataError(f"{where}: {field}: expected a string, got {type(value).__name__}")
+
+
+def normalize(rec: Any, where: str) -> Conversation:
+    """One raw record (generator / OpenAI messages / sharegpt) -> `Conversation`."""
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+    if "messages" in rec:
+        raw_msgs, role_key, text_key, field = rec["messages"], "role", "content", "messages"
+    elif "conversations" in rec:
+        raw_msgs, role_key, text_key, field = rec["conversations"], "from", "value", "conversations"
+    else:
+        raise DataError(f"{where}: no 'messages' (OpenAI/generator) or 'conversations' (sharegpt) key; "
+                        f"keys are {sorted(rec)[:8]}")
+    if not isinstance(raw_msgs, list) or not raw_msgs:
+        raise DataError(f"{where}: '{field}' must be a non-empty list")
+    messages: list[dict[str, Any]] = []
+    unterminated = False
+    for i, m in enumerate(raw_msgs):
+        at = f"{where}: {field}[{i}]"
+        if not isinstance(m, dict):
+            raise DataError(f"{at}: expected an object, got {type(m).__name__}")
+        raw_role = m.get(role_key, m.get("role"))
+        role = _SHAREGPT_ROLES.get(str(raw_role).lower()) if raw_role is not None else None
+        if role is None:
+            raise DataError(f"{at}: unknown role {raw_role!r} (expected system/user/assistant)")
+        content = _text(m.get(text_key, m.get("content")), at, text_key)
+        msg: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant":
+            reasoning = m.get("reasoning_content", m.get("reasoning"))
+            if reasoning is not None:
+                msg["reasoning_content"] = _text(reasoning, at, "reasoning_content")
+            else:
+                content, inline, unterminated = _split_inline_think(content)
+                msg["content"] = content
+                if inline is not None:
+                    msg["reasoning_content"] = inline
+        messages.append(msg)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DataError(f"{where}: no assistant turn to train on")
+    finish = rec.get("finish_reason") or ""
+    if not isinstance(finish, str):
+        finish = str(finish)
+    rid = rec.get("id", rec.get("sample_id", where))
+    conv = Conversation(id=str(rid), messages=messages, finish_reason=finish, where=where)
+    last = messages[-1]
+    conv.unterminated_think = unterminated or (
+        last["role"] == "assistant" and finish == "length" and not last["content"].strip()
+        and bool(last.get("reasoning_content", "").strip())
+    )
+    return conv
+
+
+def iter_conversations(path: str | Path) -> Iterator[Conversation]:
+    for f in input_files(path):
+        for where, rec in iter_raw(f):
+            yield normalize(rec, where)
