@@ -1,21 +1,122 @@
-"""Run-config sections `drafter:`, `loss:`, `train:` (owned by trainer/dflash/)."""
+"""Run-config sections `drafter:`, `loss:`, `train:` (owned by trainer/dflash/).
+
+Every size of the drafter defaults to 0 / empty, meaning "derive from the target's config"
+(`trainer.dflash.drafter.resolve_drafter_config`). The Qwen3.6-27B recipe (SpecForge) is the default
+elsewhere: 5 layers, block 16, [sliding x4, full], window 2048, lr 6e-4, warmup 4 %, cosine, clip 1.0.
+"""
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
+
+LayerType = Literal["sliding_attention", "full_attention"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DrafterConfig:
     num_layers: int = 5
     block_size: int = 16
+    mask_token_id: int = 248070  # SpecForge's MASK for Qwen3.5/3.6; tiny configs set an id < vocab
+    target_layer_ids: tuple[int, ...] = ()  # () = round(1 + i*(L-4)/(n-1)), n = num_layers
+    hidden_size: int = 0  # 0 = the target's
+    intermediate_size: int = 0
+    num_attention_heads: int = 0  # 0 = hidden_size // head_dim
+    num_key_value_heads: int = 0  # 0 = num_attention_heads // 4 (at least 1)
+    head_dim: int = 0  # 0 = 128 (or hidden_size // heads when heads is set)
+    layer_types: tuple[LayerType, ...] = ()  # () = sliding x (n-1) + full
+    sliding_window: int = 2048
+    rope_theta: float = 0.0  # 0 = the target's
+    rms_norm_eps: float = 1e-6
+    max_anchors: int = 512  # anchors sampled per sample per step
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1:
+            raise ValueError(f"drafter.num_layers must be >= 1, got {self.num_layers}")
+        if self.block_size < 2:
+            raise ValueError(f"drafter.block_size must be >= 2, got {self.block_size}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(
+                f"drafter.layer_types has {len(self.layer_types)} entries, "
+                f"drafter.num_layers is {self.num_layers}"
+            )
+        if self.max_anchors < 1:
+            raise ValueError(f"drafter.max_anchors must be >= 1, got {self.max_anchors}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LossConfig:
-    kind: str = "ce"
+    ce_weight: float = 1.0  # hard-label CE (paper default)
+    kl_weight: float = 0.0  # soft-label KL to the target's distribution at a+k-1
+    # exp(-(k-1)/gamma); 0 = by block size (16->7, 10->5, 8->4, else B/2.3); < 0 = no decay
+    decay_gamma: float = 0.0
+    dpace: bool = False  # D-PACE streak-aware weights
+    dpace_alpha: float = 0.5
+    noise: Literal["none", "gaussian", "uniform"] = "none"  # on the context features
+    noise_std: float = 0.05  # initial std, cosine-annealed to 0 over the run
+    noise_anneal: bool = True
+    chunk_blocks: int = 64  # blocks per lm_head+loss chunk (activation-checkpointed)
+    label_source: Literal["data", "target"] = "data"  # hard labels: data tokens or the target's argmax
+
+    def __post_init__(self) -> None:
+        if self.ce_weight < 0 or self.kl_weight < 0 or self.ce_weight + self.kl_weight <= 0:
+            raise ValueError("loss.ce_weight and loss.kl_weight must be >= 0 and not both 0")
+        if not 0.0 <= self.dpace_alpha <= 1.0:
+            raise ValueError(f"loss.dpace_alpha must be in [0, 1], got {self.dpace_alpha}")
+        if self.chunk_blocks < 1:
+            raise ValueError(f"loss.chunk_blocks must be >= 1, got {self.chunk_blocks}")
+
+    @property
+    def needs_target_logits(self) -> bool:
+        return self.kl_weight > 0 or self.label_source == "target"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """Which devices hold the frozen target and the drafter replicas, and how ranks are spread.
+
+    With torchrun, each rank trains one drafter replica on ``drafter_gpus[local_rank]`` and runs its
+    own target copy on ``target_gpus[local_rank % len(target_gpus)]`` ([] = the drafter's GPU).
+    Multi-node: torchrun's c10d rendezvous on ``rdzv_endpoint``; ``nnodes`` x ``nproc_per_node``.
+    """
+
+    target_gpus: tuple[int, ...] = ()
+    drafter_gpus: tuple[int, ...] = ()  # () = local_rank
+    nnodes: int = 1
+    nproc_per_node: int = 1
+    rdzv_endpoint: str = "localhost:29500"
+    rdzv_id: str = ""  # "" = the run name
+    strategy: Literal["ddp", "fsdp", "none"] = "ddp"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TrainConfig:
     lr: float = 6e-4
+    min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_ratio: float = 0.04
     epochs: int = 6
+    max_steps: int = 0  # 0 = epochs x batches; >0 caps the optimizer steps
+    batch_size: int = 1  # samples per micro-batch per rank
+    max_tokens: int = 0  # >0: token-budget batches instead of batch_size
+    grad_accum: int = 1
+    grad_clip: float = 1.0
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always float32
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    placement: PlacementConfig = dataclasses.field(default_factory=PlacementConfig)
+    log_every: int = 10
+    save_every: int = 500  # optimizer steps; 0 = only at the end
+    keep_last: int = 3
+    allow_unchecked_data: bool = False  # train on shards the doctor did not pass (dangerous)
+    progress: bool = True
+    stop_after: int = 0  # test hook: stop (as if killed) after this many optimizer steps; 0 = off
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"train.lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.grad_accum < 1 or self.batch_size < 1:
+            raise ValueError("train.grad_accum and train.batch_size must be >= 1")
+        if self.keep_last < 1:
+            raise ValueError(f"train.keep_last must be >= 1, got {self.keep_last}")

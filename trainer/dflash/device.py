@@ -1,0 +1,177 @@
+"""The GPU seam: the only module that touches torch.cuda, the process-group backend, flex attention
+availability and the fla kernels. Everything else asks this module, so the same code runs on CPU in tests.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_FLEX_OVERRIDE: bool | None = None  # tests flip this (use_flex(False)) to force the dense path
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """Where this process computes: its rank, its drafter device and its target device."""
+
+    device: torch.device
+    target_device: torch.device
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    dtype: torch.dtype = torch.float32  # autocast dtype (float32 = no autocast)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def resolve_runtime(device: str = "auto", dtype: str = "bfloat16", target_gpus: tuple[int, ...] = (),
+                    drafter_gpus: tuple[int, ...] = ()) -> Runtime:
+    """Pick devices from torchrun's env (RANK, LOCAL_RANK, WORLD_SIZE) and the placement config.
+
+    Calls ``torch.cuda.set_device`` for the drafter's device first thing, so that Triton kernels launch
+    on the right GPU in every rank.
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = device == "cuda" or (device == "auto" and cuda_available())
+    if device == "cuda" and not cuda_available():
+        raise RuntimeError("train.device is 'cuda' but no CUDA device is visible")
+    if not use_cuda:
+        cpu = torch.device("cpu")
+        return Runtime(cpu, cpu, rank, local_rank, world, torch.float32)
+    gpu = drafter_gpus[local_rank] if drafter_gpus else local_rank
+    if gpu >= torch.cuda.device_count():
+        raise RuntimeError(f"train.placement.drafter_gpus: GPU {gpu} does not exist "
+                           f"({torch.cuda.device_count()} visible)")
+    torch.cuda.set_device(gpu)
+    tgpu = target_gpus[local_rank % len(target_gpus)] if target_gpus else gpu
+    return Runtime(torch.device("cuda", gpu), torch.device("cuda", tgpu), rank, local_rank, world,
+                   torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+
+
+def autocast(rt: Runtime) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on GPU (fp32 master weights stay in the optimizer); nothing on CPU."""
+    if rt.device.type == "cuda" and rt.dtype != torch.float32:
+        return torch.autocast("cuda", dtype=rt.dtype)
+    return contextlib.nullcontext()
+
+
+def dist_backend(rt: Runtime) -> str:
+    return "nccl" if rt.device.type == "cuda" else "gloo"
+
+
+def init_distributed(rt: Runtime) -> None:
+    """Join torchrun's process group (c10d rendezvous env) when WORLD_SIZE > 1."""
+    if not rt.distributed or torch.distributed.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"backend": dist_backend(rt)}
+    if rt.device.type == "cuda":
+        kwargs["device_id"] = rt.device
+    torch.distributed.init_process_group(**kwargs)
+
+
+def destroy_distributed() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return 0.0
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def use_flex(enabled: bool | None) -> None:
+    """Force flex attention on (True) / off (False), or back to automatic (None)."""
+    global _FLEX_OVERRIDE
+    _FLEX_OVERRIDE = enabled
+
+
+def flex_available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def flex_enabled(device: torch.device) -> bool:
+    """Flex attention by default on GPU only (on CPU it runs unfused: correct but slow)."""
+    if _FLEX_OVERRIDE is not None:
+        return _FLEX_OVERRIDE and flex_available()
+    return device.type == "cuda" and flex_available()
+
+
+_compiled_flex: Any = None
+
+
+def flex_attention_fn(device: torch.device) -> Any:
+    """flex_attention, compiled on GPU (the fused kernel), eager on CPU."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def fla_present() -> bool:
+    """Whether fla's Triton kernels will be used by transformers (GPU envs only)."""
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None and cuda_available()
+
+
+@contextlib.contextmanager
+def one_device_at_a_time(rt: Runtime) -> Iterator[None]:
+    """Serialize a block across the local ranks (FLA's autotuner is not safe to run concurrently)."""
+    if not rt.distributed or not torch.distributed.is_initialized():
+        yield
+        return
+    for turn in range(rt.world_size):
+        if turn == rt.rank:
+            yield
+        torch.distributed.barrier()
+
+
+def warm_up_target(rt: Runtime, target: Any, seq_lens: tuple[int, ...] = (128,)) -> None:
+    """Run the target once per bucket length, one device at a time, before step 1 (fills the FLA
+    autotune cache without the cross-GPU race). A no-op on CPU."""
+    if rt.target_device.type != "cuda":
+        return
+    with one_device_at_a_time(rt), torch.no_grad():
+        for n in seq_lens:
+            ids = torch.zeros(1, n, dtype=torch.long, device=rt.target_device)
+            target.features(ids)
+        synchronize(rt.target_device)
+    log.info("target warm-up done on %s for lengths %s", rt.target_device, seq_lens)

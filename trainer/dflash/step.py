@@ -1,0 +1,119 @@
+"""One DFlash forward: target features -> anchors/blocks -> drafter -> chunked losses -> metrics.
+
+Shared by the train loop, eval and the benchmarks. Acceptance length tau per block is 1 + the number of
+leading draft slots that match their label (cumprod of matches), never a product of per-slot accuracies.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from trainer.dflash.blocks import Blocks, build_blocks, sample_anchors
+from trainer.dflash.config import DrafterConfig, LossConfig
+from trainer.dflash.loss import combine, feature_noise, token_losses
+from trainer.dflash.masks import AttentionMasks
+
+
+@dataclasses.dataclass
+class Batch:
+    input_ids: torch.Tensor  # [bs, S] long, right-padded
+    loss_mask: torch.Tensor  # [bs, S]
+    lengths: torch.Tensor  # [bs]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def collate(samples: list[dict[str, list[int]]], pad_id: int = 0,
+            device: torch.device | str = "cpu") -> Batch:
+    """Right-pad a list of {"input_ids", "loss_mask"} samples into a `Batch`."""
+    if not samples:
+        raise ValueError("collate: empty batch")
+    s = max(len(x["input_ids"]) for x in samples)
+    ids = torch.full((len(samples), s), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(samples), s, dtype=torch.long)
+    for i, x in enumerate(samples):
+        n = len(x["input_ids"])
+        if len(x["loss_mask"]) != n:
+            raise ValueError(f"sample {i}: input_ids has {n} tokens but loss_mask has {len(x['loss_mask'])}")
+        ids[i, :n] = torch.tensor(x["input_ids"], dtype=torch.long)
+        mask[i, :n] = torch.tensor(x["loss_mask"], dtype=torch.long)
+    lengths = torch.tensor([len(x["input_ids"]) for x in samples], dtype=torch.long)
+    return Batch(ids.to(device), mask.to(device), lengths.to(device))
+
+
+@dataclasses.dataclass
+class StepOutput:
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor]  # detached scalars / vectors
+    matches: torch.Tensor  # [bs, N, B-1] bool (valid & draft == label)
+    blocks: Blocks
+
+
+def acceptance(matches: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """tau per kept block: 1 + sum(cumprod(matches over slots 1..B-1)). matches [bs, N, B-1] -> [K]."""
+    tau = 1 + torch.cumprod(matches.long(), dim=-1).sum(-1)
+    return tau[keep]
+
+
+def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: DrafterConfig,
+                   lcfg: LossConfig, *,
+                   generator: torch.Generator | None = None, progress: float = 0.0,
+                   anchors: tuple[torch.Tensor, torch.Tensor] | None = None, use_flex: bool | None = None,
+                   train: bool = True) -> StepOutput:
+    """Loss and metrics of the drafter on one batch (drafter may be DDP-wrapped)."""
+    core = getattr(drafter, "module", drafter)
+    arch = core.arch
+    dev = core.fc.weight.device
+    b_size = arch.block_size
+    need_last = lcfg.needs_target_logits
+    tout = target.features(batch.input_ids.to(target.embed_tokens.weight.device), need_last=need_last)
+    feats = tout.features.to(dev)
+    ids, lmask, lengths = batch.input_ids.to(dev), batch.loss_mask.to(dev), batch.lengths.to(dev)
+    if train:
+        feats = feature_noise(feats, lcfg, progress, generator)
+    a, keep = anchors if anchors is not None else sample_anchors(lmask, lengths, dcfg.max_anchors, generator)
+    blocks = build_blocks(ids, lmask, lengths, a.to(dev), keep.to(dev), b_size, arch.mask_token_id)
+    masks = AttentionMasks(blocks.anchors, ids.shape[1], b_size, arch.sliding_window,
+                           arch.sliding_block_causal, use_flex)
+    hidden = drafter(blocks.block_ids, blocks.block_pos, feats, masks)  # [bs, N*B, H]
+
+    bs, nb = blocks.valid.shape
+    rows = blocks.valid.reshape(-1).nonzero().flatten()  # only the rows the loss reads
+    h_rows = hidden.reshape(bs * nb, -1)[rows]
+    labels = blocks.labels.reshape(-1)[rows]
+    t_rows = None
+    if need_last:
+        # the verifier's prediction of x[a+k] lives at position a+k-1
+        b_idx = rows // nb
+        pos = blocks.block_pos.reshape(-1)[rows] - 1
+        t_rows = tout.last_hidden[b_idx.to(tout.last_hidden.device), pos.to(tout.last_hidden.device)]
+    tl = token_losses(h_rows, labels, core.logits, chunk_rows=lcfg.chunk_blocks * b_size,
+                      verifier=target.logits_at if need_last else None, target_rows=t_rows,
+                      use_target_labels=lcfg.label_source == "target", need_kl=lcfg.kl_weight > 0,
+                      use_checkpoint=train)
+
+    def grid(v: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        out = torch.full((bs * nb,), fill, dtype=v.dtype, device=dev)
+        out[rows] = v
+        return out.reshape(bs, -1, b_size)
+
+    ce, kl = grid(tl.ce), grid(tl.kl)
+    valid = blocks.valid.reshape(bs, -1, b_size)
+    loss, parts = combine(ce, kl, valid, lcfg, b_size)
+    match = grid((tl.pred == tl.label), False)[..., 1:] & valid[..., 1:]
+    tau = acceptance(match, blocks.keep)
+    v = valid[..., 1:].float()
+    metrics = {
+        **parts,
+        "loss": loss.detach(),
+        "slot_correct": match.float().sum((0, 1)),  # [B-1]
+        "slot_count": v.sum((0, 1)),
+        "tau_sum": tau.float().sum(),
+        "blocks": torch.tensor(float(tau.numel()), device=dev),
+        "tokens": torch.tensor(float(batch.num_tokens), device=dev),
+    }
+    return StepOutput(loss, metrics, match, blocks)
