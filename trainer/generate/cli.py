@@ -1,14 +1,107 @@
-"""Subcommand `generate` (and the pipeline stage of the same name)."""
+"""Subcommand `generate` (and the pipeline stage of the same name).
+
+    python -m trainer generate RUN.yml [--set generate.endpoints='[http://h:30000]']
+
+Reads the prompts, skips the ids already done (local spool, and S3 when the run has s3.bucket),
+regenerates the rest on the endpoints and writes shards under <run_dir>/<generate.output>/.
+Exit status: 0 when every prompt has a completion or a reject, 1 when the run had to stop.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+from pathlib import Path
 
 from trainer.cli import add_run_config_args, load_from_args
-from trainer.config import RunConfig
+from trainer.config import ConfigError, RunConfig
+
+log = logging.getLogger("trainer.generate")
+
+
+def model_name(cfg: RunConfig) -> str:
+    return cfg.generate.model or cfg.target.name or Path(cfg.target.path).name
+
+
+def local_prompts(cfg: RunConfig, out: Path) -> Path:
+    """The prompts as a local path; an s3:// file is downloaded once into <output>/_state/prompts/."""
+    src = cfg.generate.prompts
+    if not src:
+        raise ConfigError("generate.prompts: empty; set a local path or s3://bucket/key of the prompt jsonl")
+    if not src.startswith("s3://"):
+        path = Path(src)
+        if not path.exists():
+            raise ConfigError(f"generate.prompts: {path} does not exist")
+        return path
+    from trainer.s3 import make_client, parse_s3_url
+
+    bucket, key = parse_s3_url(src)
+    dest = out / "_state" / "prompts" / Path(key).name
+    client = make_client(cfg.s3)
+    size = client.head_object(Bucket=bucket, Key=key)["ContentLength"]
+    if not dest.exists() or dest.stat().st_size != size:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        log.info("generate: downloading %s (%d bytes)", src, size)
+        client.download_file(bucket, key, str(dest) + ".tmp")
+        os.replace(str(dest) + ".tmp", dest)
+    return dest
 
 
 def stage(cfg: RunConfig) -> int:
-    raise NotImplementedError("generate: not implemented yet")
+    import asyncio
+
+    from trainer.generate.endpoints import Endpoint
+    from trainer.generate.prompts import count_lines, prompt_files, read_prompts
+    from trainer.generate.remote import S3Mirror
+    from trainer.generate.runner import GenerateError, Generator
+    from trainer.generate.store import ShardStore
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
+    g = cfg.generate
+    if not g.endpoints:
+        raise ConfigError("generate.endpoints: empty; list the SGLang base URLs (e.g. http://10.0.0.5:30000)")
+    out = cfg.run_path / g.output
+    store = ShardStore(out, g.format, g.shard_records)
+    for note in store.recover():
+        log.info("generate: %s", note)
+    mirror = None
+    if cfg.s3.enabled and g.s3_upload:
+        from trainer.s3 import join_key, make_client
+
+        mirror = S3Mirror(make_client(cfg.s3), cfg.s3.bucket, join_key(cfg.s3.prefix, g.output), store,
+                          backoff_initial_s=g.backoff_initial_s, backoff_max_s=g.backoff_max_s,
+                          concurrency=cfg.s3.concurrency)
+        try:
+            fetched = mirror.adopt_remote()
+        except Exception as e:  # S3 down at start: the local spool still knows what is done
+            log.warning("generate: cannot read the progress on %s (%s: %s); resuming from the local spool",
+                        mirror.url(), type(e).__name__, e)
+        else:
+            if fetched:
+                log.info("generate: %d shards done elsewhere fetched from %s", fetched, mirror.url())
+    try:
+        files = prompt_files(local_prompts(cfg, out))
+    except FileNotFoundError as e:
+        raise ConfigError(f"generate.prompts: {e}") from None
+    total = max(count_lines(files) - len(store.done), 0)
+    log.info("generate: %d prompts in %d files, %d already done, model %s, %d endpoints -> %s",
+             total + len(store.done), len(files), len(store.done), model_name(cfg), len(g.endpoints), out)
+    api_key = os.environ.get(g.api_key_env, "") if g.api_key_env else ""
+    endpoints = [Endpoint(u, g, api_key) for u in g.endpoints]
+    gen = Generator(g, model_name(cfg), endpoints, store, read_prompts(files, g.max_prompt_chars),
+                    store.state / "rejects.ndjson", mirror)
+    try:
+        summary = asyncio.run(gen.run(total))
+    except GenerateError as e:
+        log.error("generate: %s", e)
+        return 1
+    (store.state / "summary.json").write_text(json.dumps(summary, indent=1))
+    gen.progress.log_summary(summary)
+    if summary["rejected"]:
+        log.warning("generate: %d prompts rejected, reasons in %s", summary["rejected"],
+                    store.state / "rejects.ndjson")
+    return 0
 
 
 def _cmd(args: argparse.Namespace) -> int:

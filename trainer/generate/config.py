@@ -2,12 +2,62 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GenerateConfig:
-    prompts: str = ""  # local path or s3://bucket/key of the prompt jsonl
-    output: str = "generated"  # output dir, relative to the run dir
+    """How completions are regenerated on N OpenAI-compatible (SGLang) endpoints.
+
+    Sizes that matter most: `concurrency` (0 = ask each endpoint for its max_running_requests via
+    /get_server_info, falling back to `default_concurrency`), `shard_records`, `max_tokens`.
+    The API key, if the endpoints need one, is read from the environment variable `api_key_env`.
+    """
+
+    prompts: str = ""  # local path (file or dir of *.jsonl[.zst]) or s3://bucket/key of the prompts
+    output: str = "generated"  # output dir, relative to the run dir (and to s3.prefix on S3)
     endpoints: tuple[str, ...] = ()  # OpenAI-compatible base URLs (SGLang instances or the router)
+    model: str = ""  # model name sent in requests; "" = target.name, else the target path's basename
     temperature: float = 0.0
+    top_p: float = 1.0
     max_tokens: int = 32768
+    enable_thinking: bool = True  # chat_template_kwargs.enable_thinking
+    concurrency: int = 0  # requests in flight per endpoint; 0 = the endpoint's max_running_requests
+    default_concurrency: int = 64  # when the endpoint does not say (e.g. the router)
+    api_key_env: str = "SGLANG_API_KEY"  # env var holding the endpoints' API key ("" or unset = none)
+    request_timeout_s: float = 3600.0  # one completion; a timeout puts the endpoint aside
+    connect_timeout_s: float = 10.0
+    max_attempts: int = 5  # server errors (5xx, bad body) per prompt before it is rejected
+    failures_to_down: int = 3  # consecutive 5xx that put an endpoint aside (timeouts/resets: at once)
+    backoff_initial_s: float = 1.0  # endpoint/S3 backoff, doubled per failure up to backoff_max_s
+    backoff_max_s: float = 60.0
+    all_down_timeout_s: float = 1800.0  # fail the run when no endpoint was healthy for this long
+    retry_flagged: bool = False  # retry finish_reason=length / empty answers once with retry_max_tokens
+    retry_max_tokens: int = 0  # 0 = 2 * max_tokens
+    max_prompt_chars: int = 400_000  # longer prompts are rejected (no tokenizer in the client)
+    shard_records: int = 2000  # records per output shard
+    format: Literal["jsonl.zst", "jsonl"] = "jsonl.zst"
+    s3_upload: bool = True  # upload shards + manifest when the run has s3.bucket
+    progress_interval_s: float = 10.0  # log line with rates, per-endpoint load, ETA
+
+    def __post_init__(self) -> None:
+        for url in self.endpoints:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoints: {url!r} is not an http(s):// base URL")
+        positive = ("max_tokens", "default_concurrency", "max_attempts", "failures_to_down", "shard_records",
+                    "request_timeout_s", "connect_timeout_s", "backoff_initial_s", "backoff_max_s",
+                    "all_down_timeout_s", "max_prompt_chars", "progress_interval_s")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("concurrency", "retry_max_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be within [0, 2], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be within (0, 1], got {self.top_p}")
+
+    @property
+    def retry_budget(self) -> int:
+        return self.retry_max_tokens or 2 * self.max_tokens

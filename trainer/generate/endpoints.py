@@ -1,0 +1,170 @@
+"""One OpenAI-compatible endpoint (an SGLang instance or the router): its window, health and backoff,
+plus the request body and the parsing of SGLang's chat-completion answers."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import httpx
+
+from trainer.generate.config import GenerateConfig
+
+log = logging.getLogger("trainer.generate")
+
+
+class FatalEndpointError(RuntimeError):
+    """The endpoint refuses us for good (401/403/404): a configuration error, not an outage."""
+
+
+@dataclasses.dataclass(slots=True)
+class Completion:
+    content: str
+    reasoning: str
+    finish_reason: str
+    usage: dict[str, Any]
+
+    @property
+    def flag(self) -> str:
+        """'' for a usable completion, else why it is suspect ('length', 'empty')."""
+        if self.finish_reason == "length":
+            return "length"
+        return "" if self.content.strip() else "empty"
+
+
+def split_reasoning(content: str, reasoning: str | None) -> tuple[str, str]:
+    """(answer, thinking): SGLang's reasoning_content when present, else inline <think>...</think>."""
+    if reasoning is not None:
+        return content, reasoning
+    if "<think>" in content:
+        pre, _, rest = content.partition("<think>")
+        think, closed, answer = rest.partition("</think>")
+        if not closed:  # the budget ended inside the thinking
+            return pre.strip(), think.strip()
+        return (pre + answer).strip(), think.strip()
+    if "</think>" in content:  # the chat template opened <think> in the prompt
+        think, _, answer = content.partition("</think>")
+        return answer.strip(), think.strip()
+    return content, ""
+
+
+def parse_completion(data: Any) -> Completion:
+    """An SGLang /v1/chat/completions body -> Completion; ValueError names what is missing."""
+    try:
+        choice = data["choices"][0]
+        msg = choice["message"]
+    except (KeyError, IndexError, TypeError) as e:
+        raise ValueError(f"no choices[0].message in the response ({e!r})") from None
+    content = msg.get("content") or ""
+    if not isinstance(content, str):
+        raise ValueError(f"choices[0].message.content is {type(content).__name__}, not a string")
+    answer, thinking = split_reasoning(content, msg.get("reasoning_content"))
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    return Completion(answer, thinking, str(choice.get("finish_reason") or ""), usage)
+
+
+class Endpoint:
+    """An endpoint's state. `capacity` is its window: requests in flight at once."""
+
+    def __init__(self, url: str, cfg: GenerateConfig, api_key: str = "") -> None:
+        self.url = url.rstrip("/")
+        self.cfg = cfg
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.capacity = cfg.concurrency or cfg.default_concurrency
+        self.client = httpx.AsyncClient(
+            base_url=self.url, headers=self.headers,
+            timeout=httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
+        self.up = False
+        self.disabled = ""  # reason, when FatalEndpointError put it out for the run
+        self.down_reason = "not probed yet"
+        self.backoff = 0.0
+        self.consecutive_failures = 0
+        self.inflight = 0
+        self.tasks: set[asyncio.Task] = set()
+        self.completed = 0
+        self.errors = 0
+        self.downs = 0
+        self.tokens_out = 0
+
+    @property
+    def load(self) -> float:
+        return self.inflight / self.capacity
+
+    def free(self) -> bool:
+        return self.up and self.inflight < self.capacity
+
+    async def probe(self) -> bool:
+        """GET /health; then (with concurrency 0) the window from /get_server_info's max_running_requests."""
+        try:
+            r = await self.client.get("/health", timeout=self.cfg.connect_timeout_s)
+        except httpx.HTTPError as e:
+            self.down_reason = f"/health: {type(e).__name__}: {e}"
+            return False
+        if r.status_code in (401, 403):
+            raise FatalEndpointError(
+                f"{self.url}/health: HTTP {r.status_code} (check ${self.cfg.api_key_env})")
+        if r.status_code != 200:
+            self.down_reason = f"/health: HTTP {r.status_code}"
+            return False
+        if not self.cfg.concurrency:
+            self.capacity = await self._server_capacity()
+        return True
+
+    async def _server_capacity(self) -> int:
+        try:
+            r = await self.client.get("/get_server_info", timeout=self.cfg.connect_timeout_s)
+            value = r.json().get("max_running_requests") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            value = None
+        if isinstance(value, int) and value > 0:
+            return value
+        log.info("%s: no max_running_requests in /get_server_info; window %d (generate.default_concurrency)",
+                 self.url, self.cfg.default_concurrency)
+        return self.cfg.default_concurrency
+
+    def mark_down(self, reason: str) -> bool:
+        """Put the endpoint aside; True when it was up (the caller then starts its recovery)."""
+        self.down_reason = reason
+        self.consecutive_failures = 0
+        if not self.up:
+            return False
+        self.up = False
+        self.downs += 1
+        self.backoff = min(self.cfg.backoff_max_s, self.backoff * 2 or self.cfg.backoff_initial_s)
+        log.warning("endpoint %s put aside for %.0fs: %s (%d requests in flight re-queued)",
+                    self.url, self.backoff, reason, self.inflight)
+        return True
+
+    async def recover(self) -> None:
+        """Wait out the backoff, probe /health, and double the backoff until it answers."""
+        while not self.up and not self.disabled:
+            await asyncio.sleep(self.backoff)
+            try:
+                ok = await self.probe()
+            except FatalEndpointError as e:
+                self.disabled = str(e)
+                log.error("endpoint %s disabled for this run: %s", self.url, e)
+                return
+            if ok:
+                self.up = True
+                log.info("endpoint %s healthy again (window %d)", self.url, self.capacity)
+                return
+            self.backoff = min(self.cfg.backoff_max_s, self.backoff * 2 or self.cfg.backoff_initial_s)
+
+    def describe(self) -> str:
+        if self.disabled:
+            return f"{self.url} disabled"
+        if not self.up:
+            return f"{self.url} down ({self.down_reason})"
+        return f"{self.url} {self.inflight}/{self.capacity}"
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def stats(self) -> dict[str, Any]:
+        return {"completed": self.completed, "errors": self.errors, "downs": self.downs,
+                "tokens_out": self.tokens_out, "capacity": self.capacity,
+                "state": "disabled" if self.disabled else ("up" if self.up else "down")}

@@ -1,0 +1,175 @@
+"""Prompt files -> conversations to regenerate (original assistant turns dropped) or rejects with a reason.
+
+Accepted line formats (one JSON object per line, files *.jsonl or *.jsonl.zst, or a directory of them):
+  OpenAI:   {"id": ..., "messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
+  ShareGPT: {"id": ..., "conversations": [{"from": "system"|"human"|"gpt", "value": ...}, ...]}
+The sample id is the line's "id" (or "conversation_id"); without one it is a digest of the kept turns,
+so it is stable across restarts. A line is rejected (never sent) when it is not JSON, has no user turn,
+has an unsupported role or content, is longer than `max_prompt_chars`, or repeats an earlier id.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
+KEPT_ROLES = ("system", "user")
+SUFFIXES = (".jsonl", ".jsonl.zst", ".json", ".ndjson")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prompt:
+    id: str
+    messages: tuple[dict[str, str], ...]  # system/user turns only, in order
+    chars: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reject:
+    source: str
+    line: int
+    reason: str
+    id: str | None = None
+    excerpt: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class PromptError(ValueError):
+    """A prompt line that cannot be used; the message is the reject reason."""
+
+
+def prompt_files(path: Path) -> list[Path]:
+    """The prompt files at `path` (a file, or a directory of *.jsonl / *.jsonl.zst, sorted)."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
+        if not files:
+            raise FileNotFoundError(f"{path}: no *.jsonl or *.jsonl.zst prompt files in this directory")
+        return files
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: prompt file not found")
+    return [path]
+
+
+def open_text(path: Path) -> io.TextIOBase:
+    if path.name.endswith(".zst"):
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+    return path.open(encoding="utf-8", errors="replace")
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts: only text parts can be regenerated here
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise PromptError(f"{where}: unsupported content part {kind!r} (only text)")
+        return "".join(parts)
+    if content is None:
+        return ""
+    raise PromptError(f"{where}: content must be a string, got {type(content).__name__}")
+
+
+def _turns(obj: dict[str, Any]) -> list[tuple[str, str]]:
+    if "messages" in obj:
+        msgs = obj["messages"]
+        if not isinstance(msgs, list):
+            raise PromptError("messages: expected a list")
+        out = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise PromptError(f"messages[{i}]: expected an object with a 'role'")
+            out.append((m["role"], _text(m.get("content"), f"messages[{i}]")))
+        return out
+    if "conversations" in obj:
+        conv = obj["conversations"]
+        if not isinstance(conv, list):
+            raise PromptError("conversations: expected a list")
+        out = []
+        for i, m in enumerate(conv):
+            if not isinstance(m, dict) or not isinstance(m.get("from"), str):
+                raise PromptError(f"conversations[{i}]: expected an object with a 'from'")
+            role = SHAREGPT_ROLES.get(m["from"].lower())
+            if role is None:
+                raise PromptError(f"conversations[{i}]: unsupported speaker {m['from']!r}")
+            out.append((role, _text(m.get("value"), f"conversations[{i}]")))
+        return out
+    raise PromptError("neither 'messages' (OpenAI) nor 'conversations' (ShareGPT)")
+
+
+def parse_line(line: str, max_chars: int) -> Prompt:
+    """One prompt line -> Prompt, or PromptError with the reason."""
+    try:
+        obj = json.loads(line)
+    except ValueError as e:
+        raise PromptError(f"invalid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise PromptError(f"expected a JSON object, got {type(obj).__name__}")
+    kept = []
+    for i, (role, text) in enumerate(_turns(obj)):
+        if role == "assistant":
+            continue  # the original completion: regenerated
+        if role not in KEPT_ROLES:
+            raise PromptError(f"turn {i}: unsupported role {role!r}")
+        kept.append({"role": role, "content": text})
+    while kept and kept[-1]["role"] != "user":  # nothing to answer after the last user turn
+        kept.pop()
+    if not any(m["role"] == "user" and m["content"].strip() for m in kept):
+        raise PromptError("no user turn with content")
+    chars = sum(len(m["content"]) for m in kept)
+    if chars > max_chars:
+        raise PromptError(f"over-long: {chars} characters > generate.max_prompt_chars {max_chars}")
+    raw_id = obj.get("id", obj.get("conversation_id"))
+    if raw_id is None or raw_id == "":
+        digest = json.dumps([[m["role"], m["content"]] for m in kept], ensure_ascii=False)
+        sample_id = "sha-" + hashlib.sha256(digest.encode()).hexdigest()[:20]
+    elif isinstance(raw_id, str | int) and not isinstance(raw_id, bool):
+        sample_id = str(raw_id)
+    else:
+        raise PromptError(f"id must be a string or an integer, got {type(raw_id).__name__}")
+    return Prompt(sample_id, tuple(kept), chars)
+
+
+def read_prompts(files: list[Path], max_chars: int) -> Iterator[Prompt | Reject]:
+    """Every prompt of `files` in order, or a Reject for each unusable line (blank lines are skipped)."""
+    first_seen: dict[str, str] = {}
+    for path in files:
+        with open_text(path) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                where = f"{path.name}:{lineno}"
+                try:
+                    p = parse_line(line, max_chars)
+                except PromptError as e:
+                    yield Reject(str(path), lineno, str(e), None, line[:200])
+                    continue
+                if p.id in first_seen:
+                    yield Reject(str(path), lineno, f"duplicate id {p.id!r} (first at {first_seen[p.id]})",
+                                 p.id, line[:200])
+                    continue
+                first_seen[p.id] = where
+                yield p
+
+
+def count_lines(files: list[Path]) -> int:
+    """Non-blank lines of `files` (for the ETA)."""
+    n = 0
+    for path in files:
+        with open_text(path) as fh:
+            n += sum(1 for line in fh if line.strip())
+    return n

@@ -1,0 +1,299 @@
+"""The dispatch loop: prompts -> least-loaded healthy endpoint -> the local spool (exactly once).
+
+Each endpoint has a window (its capacity); a prompt goes to the healthy endpoint with the lowest
+in-flight/capacity ratio that has room. Outcomes of a request:
+  200            the completion is written to the spool (or, when flagged and `retry_flagged`, re-queued
+                 once with the larger budget);
+  timeout/reset  the endpoint is put aside with backoff, its in-flight requests are cancelled and
+                 re-queued, and it gets work again only after GET /health answers;
+  429/5xx        re-queued; `failures_to_down` in a row put the endpoint aside; a prompt that fails
+                 `max_attempts` times is rejected with the last error;
+  401/403/404    the endpoint is disabled for the run (configuration error);
+  other 4xx      the prompt is rejected with the endpoint's message (e.g. over the context length).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trainer.generate.config import GenerateConfig
+from trainer.generate.endpoints import Endpoint, FatalEndpointError, parse_completion
+from trainer.generate.progress import Progress
+from trainer.generate.prompts import Prompt, Reject
+from trainer.generate.remote import S3Mirror
+from trainer.generate.store import ShardStore
+
+log = logging.getLogger("trainer.generate")
+
+
+class GenerateError(RuntimeError):
+    """The run cannot go on (no endpoint left, S3 never came back ...)."""
+
+
+@dataclasses.dataclass(slots=True)
+class Work:
+    prompt: Prompt
+    max_tokens: int
+    attempts: int = 0
+    retried_flagged: bool = False
+    last_error: str = ""
+
+
+class Generator:
+    def __init__(self, cfg: GenerateConfig, model: str, endpoints: list[Endpoint], store: ShardStore,
+                 source: Iterator[Prompt | Reject], rejects_path: Path,
+                 mirror: S3Mirror | None = None) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.endpoints = endpoints
+        self.store = store
+        self.source = source
+        self.source_done = False
+        self.mirror = mirror
+        self.queue: collections.deque[Work] = collections.deque()
+        self.wake = asyncio.Event()
+        self.progress = Progress(endpoints, cfg.progress_interval_s)
+        self.background: set[asyncio.Task] = set()
+        self.seals: set[asyncio.Task] = set()
+        self.rejects = rejects_path.open("w", encoding="utf-8")
+        self.no_endpoint_since: float | None = None
+
+    # ------------------------------------------------------------------ feeding
+    def _reject(self, rej: Reject) -> None:
+        self.rejects.write(json.dumps(rej.to_json(), ensure_ascii=False) + "\n")
+        self.rejects.flush()
+        self.progress.c.rejected += 1
+
+    def _fill(self) -> None:
+        want = max(256, 2 * sum(e.capacity for e in self.endpoints))
+        while not self.source_done and len(self.queue) < want:
+            item = next(self.source, None)
+            if item is None:
+                self.source_done = True
+            elif isinstance(item, Reject):
+                self._reject(item)
+            elif item.id in self.store.done:
+                self.progress.c.skipped_done += 1
+            else:
+                self.queue.append(Work(item, self.cfg.max_tokens))
+
+    def _pick(self) -> Endpoint | None:
+        free = [e for e in self.endpoints if e.free()]
+        return min(free, key=lambda e: e.load) if free else None
+
+    def _dispatch(self) -> None:
+        while self.queue:
+            ep = self._pick()
+            if ep is None:
+                return
+            work = self.queue.popleft()
+            ep.inflight += 1
+            task = asyncio.create_task(self._request(ep, work))
+            ep.tasks.add(task)
+
+    # ------------------------------------------------------------------ one request
+    def _body(self, work: Work) -> dict[str, Any]:
+        return {"model": self.model, "messages": list(work.prompt.messages), "max_tokens": work.max_tokens,
+                "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "stream": False,
+                "chat_template_kwargs": {"enable_thinking": self.cfg.enable_thinking},
+                "separate_reasoning": True}
+
+    async def _request(self, ep: Endpoint, work: Work) -> None:
+        try:
+            await self._call(ep, work)
+        except asyncio.CancelledError:
+            self._requeue(work)  # the endpoint was put aside while this request was in flight
+        finally:
+            ep.inflight -= 1
+            ep.tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self.wake.set()
+
+    def _requeue(self, work: Work) -> None:
+        self.progress.c.requeued += 1
+        self.queue.appendleft(work)
+
+    def _put_aside(self, ep: Endpoint, reason: str) -> None:
+        if not ep.mark_down(reason):
+            return
+        me = asyncio.current_task()
+        for task in list(ep.tasks):
+            if task is not me:
+                task.cancel()
+        self._spawn(ep.recover())
+
+    async def _call(self, ep: Endpoint, work: Work) -> None:
+        try:
+            r = await ep.client.post("/v1/chat/completions", json=self._body(work))
+        except httpx.TimeoutException as e:
+            ep.errors += 1
+            self._requeue(work)
+            self._put_aside(ep, f"timeout ({type(e).__name__})")
+            return
+        except httpx.TransportError as e:
+            ep.errors += 1
+            self._requeue(work)
+            self._put_aside(ep, f"{type(e).__name__}: {e}")
+            return
+        if r.status_code == 200:
+            try:
+                comp = parse_completion(r.json())
+            except ValueError as e:
+                self._server_error(ep, work, f"bad response body: {e}")
+                return
+            ep.consecutive_failures = 0
+            ep.backoff = 0.0
+            self._finish(ep, work, comp)
+        elif r.status_code in (401, 403, 404):
+            ep.errors += 1
+            self._requeue(work)
+            ep.disabled = f"HTTP {r.status_code} on /v1/chat/completions: {r.text[:200]}"
+            log.error("endpoint %s disabled for this run: %s (check generate.endpoints and $%s)",
+                      ep.url, ep.disabled, self.cfg.api_key_env)
+            self._put_aside(ep, ep.disabled)
+        elif r.status_code == 429 or r.status_code >= 500:
+            self._server_error(ep, work, f"HTTP {r.status_code}: {r.text[:300]}")
+        else:
+            self.progress.c.rejected_by_endpoint += 1
+            self._reject(Reject("endpoint", 0, f"{ep.url} answered HTTP {r.status_code}: {r.text[:300]}",
+                                work.prompt.id))
+
+    def _server_error(self, ep: Endpoint, work: Work, reason: str) -> None:
+        ep.errors += 1
+        self.progress.c.server_errors += 1
+        work.attempts += 1
+        work.last_error = f"{ep.url}: {reason}"
+        if work.attempts >= self.cfg.max_attempts:
+            self.progress.c.rejected_by_endpoint += 1
+            self._reject(Reject("endpoint", 0, f"failed {work.attempts} times, last: {work.last_error}",
+                                work.prompt.id))
+        else:
+            self._requeue(work)
+        ep.consecutive_failures += 1
+        if ep.consecutive_failures >= self.cfg.failures_to_down:
+            self._put_aside(ep, f"{self.cfg.failures_to_down} server errors in a row, last {reason[:120]}")
+
+    def _finish(self, ep: Endpoint, work: Work, comp: Any) -> None:
+        flag = comp.flag
+        if flag:
+            if self.cfg.retry_flagged and not work.retried_flagged:
+                work.retried_flagged = True
+                work.max_tokens = max(work.max_tokens, self.cfg.retry_budget)
+                self.progress.c.retried_flagged += 1
+                self.queue.appendleft(work)
+                return
+            self.progress.c.flagged[flag] += 1
+        tokens = int(comp.usage.get("completion_tokens") or 0)
+        answer = {"role": "assistant", "content": comp.content, "reasoning_content": comp.reasoning}
+        record = {"id": work.prompt.id, "messages": [*work.prompt.messages, answer],
+                  "endpoint": ep.url, "finish_reason": comp.finish_reason, "usage": comp.usage}
+        full = self.store.write(record)
+        ep.completed += 1
+        ep.tokens_out += tokens
+        self.progress.completed(tokens)
+        if full is not None:
+            self._seal(full)
+
+    # ------------------------------------------------------------------ shards
+    def _seal(self, path: Path) -> None:
+        async def seal() -> None:
+            info = await asyncio.to_thread(self.store.seal, path)
+            self.store.register(info)
+            self.store.write_manifest(self.store.manifest())
+            if self.mirror is not None:
+                self.mirror.enqueue(info)
+
+        task = asyncio.create_task(seal())
+        self.seals.add(task)
+        task.add_done_callback(self.seals.discard)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    # ------------------------------------------------------------------ main loop
+    async def _probe_all(self) -> None:
+        async def probe(ep: Endpoint) -> None:
+            try:
+                ep.up = await ep.probe()
+            except FatalEndpointError as e:
+                ep.disabled = str(e)
+                log.error("endpoint %s disabled for this run: %s", ep.url, e)
+                return
+            if ep.up:
+                log.info("endpoint %s: healthy, window %d", ep.url, ep.capacity)
+            else:
+                log.warning("endpoint %s: not healthy yet (%s); probing with backoff", ep.url, ep.down_reason)
+                ep.backoff = self.cfg.backoff_initial_s
+                self._spawn(ep.recover())
+
+        await asyncio.gather(*(probe(e) for e in self.endpoints))
+
+    def _check_endpoints(self) -> None:
+        if all(e.disabled for e in self.endpoints):
+            raise GenerateError("every endpoint is disabled: " + "; ".join(f"{e.url}: {e.disabled}"
+                                                                         for e in self.endpoints))
+        if any(e.up for e in self.endpoints):
+            self.no_endpoint_since = None
+            return
+        now = time.monotonic()
+        self.no_endpoint_since = self.no_endpoint_since or now
+        if now - self.no_endpoint_since > self.cfg.all_down_timeout_s:
+            states = "; ".join(e.describe() for e in self.endpoints)
+            raise GenerateError(f"no healthy endpoint for {self.cfg.all_down_timeout_s:.0f}s "
+                                f"(generate.all_down_timeout_s): {states}")
+
+    async def run(self, total: int) -> dict[str, Any]:
+        """Generate every prompt not yet done; returns the summary."""
+        uploader = self.mirror.start() if self.mirror is not None else None
+        self.progress.start(total)
+        ticker = asyncio.create_task(self.progress.run())
+        try:
+            await self._probe_all()
+            while True:
+                self._fill()
+                self._dispatch()
+                inflight = sum(e.inflight for e in self.endpoints)
+                if not self.queue and self.source_done and not inflight:
+                    break
+                if self.queue:
+                    self._check_endpoints()
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+            last = self.store.rotate()
+            if last is not None:
+                self._seal(last)
+            while self.seals:
+                await asyncio.gather(*list(self.seals))
+        finally:
+            ticker.cancel()
+            for task in [*self.background, *(t for e in self.endpoints for t in e.tasks)]:
+                task.cancel()
+            self.rejects.close()
+            self.progress.close()
+            for ep in self.endpoints:
+                await ep.aclose()
+        self.progress.tick()
+        summary = self.progress.summary(records_total=len(self.store.done), shards=len(self.store.shards))
+        manifest = self.store.manifest(complete=True, rejected=self.progress.c.rejected)
+        self.store.write_manifest(manifest)
+        if self.mirror is not None and uploader is not None:
+            ok = await self.mirror.finish(manifest, Path(self.rejects.name), self.cfg.all_down_timeout_s)
+            uploader.cancel()
+            summary["s3_complete"] = ok
+            if not ok:
+                raise GenerateError(f"S3 {self.mirror.url()} did not take the uploads within "
+                                    f"{self.cfg.all_down_timeout_s:.0f}s; every completion is spooled under "
+                                    f"{self.store.out} and the next run uploads it")
+        return summary
