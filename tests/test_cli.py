@@ -37,3 +37,18 @@ def test_missing_file_is_a_clear_error(tmp_path):
     r = run("check", str(tmp_path / "nope.yml"))
     assert r.returncode == 2
     assert "nope.yml: cannot read run config" in r.stderr
+
+
+def test_make_tiny_target_saves_a_loadable_model_and_tokenizer(tmp_path):
+    out = tmp_path / "tiny"
+    r = run("make-tiny-target", str(out))
+    assert r.returncode == 0, r.stderr
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert cfg.model_type.startswith("qwen3_5")
+    assert len(tok) <= cfg.vocab_size
+    assert tok.convert_tokens_to_ids("<|im_end|>") < cfg.vocab_size
+    again = run("make-tiny-target", str(out))
+    assert again.returncode == 0 and "already there" in again.stdout

@@ -12,6 +12,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from trainer.config import ConfigError, RunConfig, load_run_config
 
@@ -56,6 +57,19 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tiny_target(args: argparse.Namespace) -> int:
+    from trainer.data.tiny_tokenizer import build_tiny_tokenizer
+    from trainer.dflash.tiny import build_tiny_target
+
+    if (args.out / "config.json").exists() and not args.force:
+        print(f"{args.out}: a model is already there (use --force to rebuild)")
+        return 0
+    tokenizer = build_tiny_tokenizer()
+    path = build_tiny_target(args.out, tokenizer=tokenizer, seed=args.seed)
+    print(f"{path}: tiny random Qwen3.5 target + tokenizer ({len(tokenizer)} tokens)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trainer",
@@ -71,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="validate a run config and exit")
     add_run_config_args(p)
     p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser(
+        "make-tiny-target",
+        help="save a tiny random Qwen3.5 target + tokenizer (tests and the lab; no hub download)",
+    )
+    p.add_argument("out", type=Path, help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="rebuild even if a model is there")
+    p.set_defaults(func=_cmd_tiny_target)
 
     for module in dict.fromkeys(COMPONENTS.values()):
         importlib.import_module(module).register(sub)
