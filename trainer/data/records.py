@@ -165,6 +165,48 @@ def normalize(rec: Any, where: str) -> Conversation:
     return conv
 
 
+def iter_payloads(path: Path) -> Iterator[tuple[str, str | dict[str, Any], int]]:
+    """(where, raw line or record, bytes of the file consumed so far) — cheap, for the parallel reader.
+
+    Lines are handed over undecoded so that JSON parsing happens in the worker processes.
+    """
+    if path.suffix == ".json":
+        size = path.stat().st_size
+        for where, rec in iter_raw(path):
+            yield where, rec, size
+        return
+    raw = path.open("rb")
+    stream: Any = raw
+    if path.name.endswith((".zst", ".zstd")):
+        import zstandard
+
+        stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+    try:
+        for lineno, line in enumerate(stream, 1):
+            if line.strip():
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not UTF-8 text ({e.reason})") from e
+                yield f"{path}:{lineno}", text, raw.tell()
+    except Exception as e:
+        if type(e).__name__ == "ZstdError":
+            raise DataError(f"{path}: corrupt zstd stream ({e})") from e
+        raise
+    finally:
+        stream.close()
+        raw.close()
+
+
+def parse_payload(where: str, payload: str | dict[str, Any]) -> Conversation:
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from e
+    return normalize(payload, where)
+
+
 def iter_conversations(path: str | Path) -> Iterator[Conversation]:
     for f in input_files(path):
         for where, rec in iter_raw(f):
