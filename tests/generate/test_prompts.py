@@ -1,0 +1,109 @@
+"""Prompt parsing: formats, dropped assistant turns, stable ids and the reject reasons."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from trainer.generate.prompts import (
+    Prompt,
+    PromptError,
+    Reject,
+    count_lines,
+    parse_line,
+    prompt_files,
+    read_prompts,
+)
+
+
+def test_openai_messages_drop_assistant_turns_and_keep_order() -> None:
+    line = json.dumps({"id": 7, "messages": [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "a2"}]})
+    p = parse_line(line, 1000)
+    assert p.id == "7"
+    assert p.messages == ({"role": "system", "content": "sys"}, {"role": "user", "content": "u1"},
+                          {"role": "user", "content": "u2"})
+    assert p.chars == len("sysu1u2")
+
+
+def test_sharegpt_roles_are_mapped() -> None:
+    line = json.dumps({"id": "a", "conversations": [
+        {"from": "system", "value": "s"}, {"from": "human", "value": "hi"}, {"from": "gpt", "value": "x"}]})
+    kept = ({"role": "system", "content": "s"}, {"role": "user", "content": "hi"})
+    assert parse_line(line, 100).messages == kept
+
+
+def test_text_content_parts_are_joined() -> None:
+    line = json.dumps({"id": "p", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    assert parse_line(line, 100).messages[0]["content"] == "ab"
+
+
+def test_id_without_id_field_is_a_stable_digest_of_the_kept_turns() -> None:
+    q = {"role": "user", "content": "q"}
+    a = parse_line(json.dumps({"messages": [q, {"role": "assistant", "content": "1"}]}), 99)
+    b = parse_line(json.dumps({"messages": [q, {"role": "assistant", "content": "2"}]}), 99)
+    c = parse_line(json.dumps({"messages": [{"role": "user", "content": "other"}]}), 99)
+    assert a.id == b.id and a.id.startswith("sha-")
+    assert c.id != a.id
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    ("{not json", "invalid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    (json.dumps({"id": 1, "text": "hi"}), "neither 'messages'"),
+    (json.dumps({"id": 1, "messages": [{"role": "system", "content": "s"}]}), "no user turn"),
+    (json.dumps({"id": 1, "messages": [{"role": "user", "content": "   "}]}), "no user turn"),
+    (json.dumps({"id": 1, "messages": [{"role": "user", "content": "x" * 101}]}),
+     "over-long: 101 characters"),
+    (json.dumps({"id": 1, "messages": [{"role": "tool", "content": "t"}, {"role": "user", "content": "q"}]}),
+     "unsupported role 'tool'"),
+    (json.dumps({"id": 1, "conversations": [{"from": "observation", "value": "x"}]}), "unsupported speaker"),
+    (json.dumps({"id": 1, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+     "unsupported content part 'image_url'"),
+    (json.dumps({"id": [1], "messages": [{"role": "user", "content": "q"}]}), "id must be a string"),
+])
+def test_bad_lines_raise_with_the_reason(line: str, reason: str) -> None:
+    with pytest.raises(PromptError) as e:
+        parse_line(line, 100)
+    assert reason in str(e.value)
+
+
+def test_read_prompts_yields_rejects_with_file_and_line(tmp_path: Path) -> None:
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join([
+        json.dumps({"id": "a", "messages": [{"role": "user", "content": "q"}]}),
+        "",
+        "garbage",
+        json.dumps({"id": "a", "messages": [{"role": "user", "content": "again"}]}),
+        json.dumps({"id": "b", "conversations": [{"from": "human", "value": "q"}]}),
+    ]) + "\n")
+    items = list(read_prompts([f], 100))
+    assert [type(i) for i in items] == [Prompt, Reject, Reject, Prompt]
+    assert items[1].line == 3 and "invalid JSON" in items[1].reason and items[1].source == str(f)
+    assert items[2].line == 4 and items[2].reason == "duplicate id 'a' (first at p.jsonl:1)"
+    assert count_lines([f]) == 4
+
+
+def test_zst_files_and_directories(tmp_path: Path) -> None:
+    d = tmp_path / "prompts"
+    d.mkdir()
+    data = "".join(json.dumps({"id": i, "messages": [{"role": "user", "content": f"q{i}"}]}) + "\n"
+                   for i in range(5))
+    (d / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data.encode()))
+    (d / "a.jsonl").write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "q"}]}) + "\n")
+    (d / "notes.txt").write_text("ignored")
+    files = prompt_files(d)
+    assert [f.name for f in files] == ["a.jsonl", "b.jsonl.zst"]
+    assert [p.id for p in read_prompts(files, 100)] == ["x", "0", "1", "2", "3", "4"]
+
+
+def test_missing_prompts_name_the_path(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
+        prompt_files(tmp_path / "nope.jsonl")
+    with pytest.raises(FileNotFoundError, match=r"no \*\.jsonl"):
+        prompt_files(tmp_path)
