@@ -34,7 +34,7 @@ def test_seeds_disaster_is_refused_with_a_report_that_says_so(tmp_path: Path, ti
     mode = v.stats["supervised_tokens_mode"]
     assert f"87.0% of samples have exactly {mode['value']} supervised tokens" in v.report
     assert "REFUSED" in v.report
-    with pytest.raises(DataRefused, match="the doctor refused this data: 87.0% of samples are degenerate"):
+    with pytest.raises(DataRefused, match=r"the doctor refused this data: 87\.0% of samples are degenerate"):
         check_doctor(tmp_path / "shards")
     assert check_doctor(tmp_path / "shards", allow_unchecked=True)["passed"] is False  # explicit override
     assert res.manifest["counts"]["dropped_degenerate"] == 261
@@ -81,7 +81,7 @@ def test_check_doctor_refuses_unchecked_and_changed_data(tmp_path: Path, tiny_to
     (shards / MANIFEST).write_text(json.dumps(m))
     with pytest.raises(DataRefused, match="has not checked this data"):
         check_doctor(shards)
-    with pytest.raises(DataRefused, match="no manifest.json"):
+    with pytest.raises(DataRefused, match=r"no manifest\.json"):
         check_doctor(tmp_path)
 
 
