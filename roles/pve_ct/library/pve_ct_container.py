@@ -1,0 +1,281 @@
+#!/usr/bin/python
+"""Ansible module: create or converge one Proxmox LXC container through the API (proxmoxer)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: pve_ct_container
+short_description: Create or converge a Proxmox VE LXC container, with device passthrough, through the API
+description:
+  - Creates container O(vmid) from O(ostemplate) when it does not exist; otherwise converges its config
+    (cores, memory, swap, net0, features, onboot, bind mounts C(mpN), passthrough devices C(devN),
+    rootfs growth)
+    with one C(PUT /config), and starts, stops or restarts it.
+  - Written for this repository because C(community.proxmox.proxmox) has no check mode, no diff and no
+    C(devN) entries. Check mode reports what would change without calling any write endpoint.
+  - Create-only settings (C(unprivileged), C(ssh-public-keys), the rootfs storage) are applied at creation;
+    a different C(unprivileged) on an existing container is an error (it needs a re-create).
+options:
+  api_host: {description: Proxmox API host., type: str, required: true}
+  api_port: {description: Proxmox API port., type: int, default: 8006}
+  api_user: {description: API user (user@realm)., type: str, required: true}
+  api_token_id: {description: API token id (the part after C(!))., type: str, required: true}
+  api_token_secret: {description: API token secret., type: str, required: true}
+  validate_certs: {description: Verify TLS., type: bool, default: true}
+  ca_path: {description: CA bundle that signed the API certificate; the system store when unset., type: path}
+  node: {description: Proxmox node name., type: str, required: true}
+  vmid: {description: Container id., type: int, required: true}
+  state:
+    description: Wanted run state.
+    type: str
+    default: started
+    choices: [present, started, stopped, restarted]
+  hostname: {description: Container hostname., type: str, required: true}
+  ostemplate: {description: Template volume id (C(storage:vztmpl/file))., type: str, required: true}
+  ostype: {description: OS type of the template., type: str, default: ubuntu}
+  cores: {description: CPU cores., type: int, required: true}
+  memory: {description: Memory in MiB., type: int, required: true}
+  swap: {description: Swap in MiB., type: int, default: 0}
+  rootfs_storage: {description: Storage of the root filesystem., type: str, required: true}
+  rootfs_size_gb: {description: Root filesystem size in GiB (grown, never shrunk)., type: int, required: true}
+  net0: {description: C(net0) property string., type: str, required: true}
+  features: {description: Feature flags such as C(nesting=1)., type: list, elements: str, default: []}
+  onboot: {description: Start at boot., type: bool, default: true}
+  unprivileged: {description: Unprivileged container., type: bool, default: false}
+  ssh_public_keys:
+    {description: Authorised SSH public keys (set at creation)., type: list, elements: str, default: []}
+  mounts:
+    description: Bind mounts from host paths, as C(mp0), C(mp1), ... in list order.
+    type: list
+    elements: dict
+    default: []
+  devices:
+    description: Device node paths passed through as C(dev0), C(dev1), ...; other C(devN) entries are removed.
+      Leave unset to not manage C(devN).
+    type: list
+    elements: str
+  dev_mode: {description: Access mode of passed-through device nodes., type: str, default: "0666"}
+  restart_on_change: {description: Restart a running CT whose config changed., type: bool, default: true}
+  timeout: {description: Seconds to wait for each Proxmox task., type: int, default: 300}
+"""
+
+RETURN = r"""
+created: {description: Whether the container was created., type: bool, returned: always}
+updated: {description: Config keys that were set or removed., type: list, returned: always}
+config: {description: The container config after the run (as planned in check mode)., type: dict}
+status: {description: Run state after the run., type: str, returned: always}
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules document first
+from ansible.module_utils.pve_ct_api import API_ARGS, call, connect, prop_matches, split_prop, wait_task  # noqa: E402
+
+# Changes Proxmox keeps pending on a running container (applied at the next start).
+RESTART_KINDS = ("dev", "mp", "features")
+DEFAULT_KEYS = {"rootfs": "volume", "mp": "volume", "dev": "path"}
+
+
+def _kind(key):
+    return key.rstrip("0123456789")
+
+
+def desired_config(p):
+    """The managed part of the config, as Proxmox stores it."""
+    cfg = {
+        "hostname": p["hostname"],
+        "cores": str(p["cores"]),
+        "memory": str(p["memory"]),
+        "swap": str(p["swap"]),
+        "net0": p["net0"],
+        "onboot": "1" if p["onboot"] else "0",
+        "ostype": p["ostype"],
+    }
+    if p["features"]:
+        cfg["features"] = ",".join(p["features"])
+    for i, m in enumerate(p["mounts"]):
+        if "host_path" not in m or "mount_point" not in m:
+            raise ValueError(f"mounts[{i}] needs host_path and mount_point, got {sorted(m)!r}")
+        ro = ",ro=1" if m.get("read_only") else ""
+        cfg[f"mp{i}"] = f"{m['host_path']},mp={m['mount_point']}{ro}"
+    for i, path in enumerate(p["devices"] or []):
+        cfg[f"dev{i}"] = f"{path},mode={p['dev_mode']}"
+    return cfg
+
+
+def matches(key, current, wanted):
+    if current is None:
+        return False
+    kind = _kind(key)
+    if kind in ("net", "features", "mp", "dev", "rootfs"):
+        ignore = ("hwaddr", "type") if kind == "net" else ()
+        return prop_matches(current, wanted, DEFAULT_KEYS.get(kind), ignore) and (
+            kind != "dev" or split_prop(current, "path").get("path") == split_prop(wanted, "path").get("path")
+        )
+    return str(current) == str(wanted)
+
+
+def create(module, api, want):
+    p = module.params
+    params = dict(
+        want,
+        vmid=p["vmid"],
+        ostemplate=p["ostemplate"],
+        unprivileged=int(p["unprivileged"]),
+        rootfs=f"{p['rootfs_storage']}:{p['rootfs_size_gb']}",
+    )
+    if p["ssh_public_keys"]:
+        params["ssh-public-keys"] = "\n".join(p["ssh_public_keys"]) + "\n"
+    if module.check_mode:
+        return want
+    upid = call(module, "create CT {}".format(p["vmid"]), api.nodes(p["node"]).lxc.post, **params)
+    wait_task(module, api, p["node"], upid, p["timeout"], "create CT {}".format(p["vmid"]))
+    return call(module, "read CT {} config".format(p["vmid"]), api.nodes(p["node"]).lxc(p["vmid"]).config.get)
+
+
+def converge(module, api, current, want):
+    """Return (changed keys, deleted keys, rootfs growth in GiB or 0)."""
+    p = module.params
+    if int(current.get("unprivileged", 0)) != int(p["unprivileged"]):
+        module.fail_json(
+            msg="CT {} is {}privileged but pve_ct_unprivileged={}: that cannot be changed in place; "
+            "re-create the container".format(
+                p["vmid"], "un" if int(current.get("unprivileged", 0)) else "", p["unprivileged"]
+            )
+        )
+    rootfs = split_prop(current.get("rootfs", ""), "volume")
+    storage = rootfs.get("volume", "").split(":")[0]
+    if storage != p["rootfs_storage"]:
+        module.fail_json(
+            msg="CT {} has its rootfs on storage '{}', not pve_ct_rootfs_storage='{}'; moving it is not "
+            "managed by this role".format(p["vmid"], storage, p["rootfs_storage"])
+        )
+    size = rootfs.get("size", "0G")
+    size_gb = (
+        float(size[:-1]) * {"T": 1024, "G": 1, "M": 1 / 1024}.get(size[-1], 1) if size[-1:].isalpha() else 0
+    )
+    grow = p["rootfs_size_gb"] if p["rootfs_size_gb"] > size_gb else 0
+    if p["rootfs_size_gb"] < size_gb:
+        module.warn(
+            "CT {} rootfs is {}, larger than pve_ct_rootfs_size_gb={}: disks are never shrunk".format(
+                p["vmid"], size, p["rootfs_size_gb"]
+            )
+        )
+    changed = {k: v for k, v in want.items() if not matches(k, current.get(k), v)}
+    stale = [k for k in current if _kind(k) == "dev" and k not in want] if p["devices"] is not None else []
+    return changed, sorted(stale), grow
+
+
+def main():
+    args = dict(API_ARGS)
+    args.update(
+        node=dict(type="str", required=True),
+        vmid=dict(type="int", required=True),
+        state=dict(type="str", default="started", choices=["present", "started", "stopped", "restarted"]),
+        hostname=dict(type="str", required=True),
+        ostemplate=dict(type="str", required=True),
+        ostype=dict(type="str", default="ubuntu"),
+        cores=dict(type="int", required=True),
+        memory=dict(type="int", required=True),
+        swap=dict(type="int", default=0),
+        rootfs_storage=dict(type="str", required=True),
+        rootfs_size_gb=dict(type="int", required=True),
+        net0=dict(type="str", required=True),
+        features=dict(type="list", elements="str", default=[]),
+        onboot=dict(type="bool", default=True),
+        unprivileged=dict(type="bool", default=False),
+        ssh_public_keys=dict(type="list", elements="str", default=[], no_log=False),
+        mounts=dict(type="list", elements="dict", default=[]),
+        devices=dict(type="list", elements="str"),
+        dev_mode=dict(type="str", default="0666"),
+        restart_on_change=dict(type="bool", default=True),
+        timeout=dict(type="int", default=300),
+    )
+    module = AnsibleModule(argument_spec=args, supports_check_mode=True)
+    p = module.params
+    api, _version = connect(module)
+    node, vmid = p["node"], p["vmid"]
+    nodes = [n["node"] for n in call(module, "list nodes", api.nodes.get)]
+    if node not in nodes:
+        module.fail_json(msg=f"Proxmox node '{node}' (pve_ct_node) is not in the cluster; nodes: {nodes}")
+    try:
+        want = desired_config(p)
+    except ValueError as exc:
+        module.fail_json(msg=f"pve_ct_bind_mounts: {exc}")
+    ct = api.nodes(node).lxc(vmid)
+    vms = call(module, "list cluster resources", api.cluster.resources.get, type="vm")
+    exists = any(int(v["vmid"]) == vmid for v in vms)
+    result = dict(changed=False, created=False, updated=[], vmid=vmid)
+    before = {}
+    if not exists:
+        after = create(module, api, want)
+        result.update(changed=True, created=True, updated=sorted(want))
+        status = "stopped"
+    else:
+        current = call(module, f"read CT {vmid} config", ct.config.get)
+        before = {k: v for k, v in current.items() if k in want or _kind(k) == "dev"}
+        changed, stale, grow = converge(module, api, current, want)
+        after = dict(current, **changed)
+        for key in stale:
+            after.pop(key)
+        if (changed or stale) and not module.check_mode:
+            params = dict(changed)
+            if stale:
+                params["delete"] = ",".join(stale)
+            call(
+                module,
+                "update CT {} config ({})".format(vmid, ", ".join(sorted(params))),
+                ct.config.put,
+                **params,
+            )
+        if grow and not module.check_mode:
+            upid = call(module, f"grow CT {vmid} rootfs", ct.resize.put, disk="rootfs", size=f"{int(grow)}G")
+            wait_task(module, api, node, upid, p["timeout"], f"grow CT {vmid} rootfs")
+        result["updated"] = (
+            sorted(changed) + ["delete:" + k for k in stale] + (["rootfs:size"] if grow else [])
+        )
+        result["changed"] = bool(result["updated"])
+        status = call(module, f"read CT {vmid} status", ct.status.current.get)["status"]
+    status, actions = run_state(
+        module,
+        api,
+        ct,
+        status,
+        not result["created"]
+        and any(_kind(k.replace("delete:", "")) in RESTART_KINDS for k in result["updated"]),
+    )
+    if actions:
+        result.update(changed=True, actions=actions)
+    result.update(
+        config=after,
+        status=status,
+        diff=dict(
+            before={k: before[k] for k in sorted(before)},
+            after={k: v for k, v in sorted(after.items()) if k in want or _kind(k) == "dev"},
+        ),
+    )
+    module.exit_json(**result)
+
+
+def run_state(module, api, ct, status, config_changed):
+    """Bring the container to the wanted run state; returns (the state it ends in, actions taken)."""
+    p = module.params
+    wanted = p["state"]
+    actions = []
+    if wanted == "restarted" or (
+        wanted == "started" and status == "running" and config_changed and p["restart_on_change"]
+    ):
+        actions = (["stop"] if status == "running" else []) + ["start"]
+    elif wanted == "started" and status != "running":
+        actions = ["start"]
+    elif wanted == "stopped" and status == "running":
+        actions = ["stop"]
+    for action in actions:
+        if not module.check_mode:
+            upid = call(module, "{} CT {}".format(action, p["vmid"]), getattr(ct.status, action).post)
+            wait_task(module, api, p["node"], upid, p["timeout"], "{} CT {}".format(action, p["vmid"]))
+    if actions:
+        return ("running" if actions[-1] == "start" else "stopped"), actions
+    return status, actions
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,488 @@
+#!/usr/bin/env python3
+"""A test double of the Proxmox VE HTTP API (a real Proxmox VE cannot run here).
+
+Serves, over HTTPS, the endpoints role `pve_ct` uses: version, ticket and API-token authentication,
+nodes, storage content, template download (aplinfo and download-url), cluster nextid/resources,
+LXC create/config GET+PUT/resize/status/start/stop/shutdown/delete, and task status/log. It keeps its
+state in a JSON file (so a test can read and seed it), answers with real-format UPIDs and task states
+(a task is `running` for a short while, then `stopped` with `OK`), and rejects what the real API
+rejects: unknown parameters ("property is not defined in schema"), bad types, enums and patterns,
+missing required parameters, an unknown template, a VMID that exists, a rootfs on storage that cannot
+hold containers, a bad token (401). Every request is appended as one JSON line to `--log` so tests can
+check what was sent against the real API schema. Stdlib only: it also runs inside lab containers.
+
+    python3 tests/doubles/pve_api.py --host 127.0.0.1 --port 8006 --cert C --key K \
+        --state FILE --token 'root@pam!ansible=SECRET' [--log FILE] [--node pve1]
+
+It is not Proxmox: storage is bookkeeping only, nothing is unpacked or started, and pending
+(hot-plug) config changes are applied at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import ssl
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+try:  # imported as tests.doubles.pve_api, or run as a script from its folder
+    from .pve_api_schema import ApiError, check_params, route
+except ImportError:
+    from pve_api_schema import ApiError, check_params, route  # type: ignore[no-redef]
+
+TASK_SECONDS = 0.3
+APLINFO = [
+    "ubuntu-24.04-standard_24.04-2_amd64.tar.zst",
+    "debian-12-standard_12.12-1_amd64.tar.zst",
+]
+
+
+def default_state(node: str) -> dict[str, Any]:
+    """A fresh single-node cluster: `local` (templates) and `scratch` (container volumes)."""
+    return {
+        "version": {"version": "8.4.1", "release": "8.4", "repoid": "2a5fa54a8503f96d"},
+        "node": node,
+        "storage": {
+            "local": {"type": "dir", "content": ["vztmpl", "iso", "backup"], "volumes": []},
+            "scratch": {"type": "zfspool", "content": ["rootdir", "images"], "volumes": []},
+        },
+        "cts": {},
+        "tasks": {},
+        "pid": 4096,
+    }
+
+
+class State:
+    """The double's persistent state, guarded by one lock and saved after every change."""
+
+    def __init__(self, path: Path, node: str) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.data = json.loads(path.read_text()) if path.exists() else default_state(node)
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def task(self, kind: str, ident: str, user: str, exitstatus: str = "OK") -> str:
+        d = self.data
+        d["pid"] += 1
+        now = int(time.time())
+        upid = f"UPID:{d['node']}:{d['pid']:08X}:{d['pid'] * 7:08X}:{now:08X}:{kind}:{ident}:{user}:"
+        d["tasks"][upid] = {
+            "type": kind,
+            "id": ident,
+            "user": user,
+            "starttime": now,
+            "pid": d["pid"],
+            "done_at": time.time() + TASK_SECONDS,
+            "exitstatus": exitstatus,
+        }
+        return upid
+
+
+def _split_prop(value: str, default_key: str | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in value.split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k] = v
+        elif default_key:
+            out[default_key] = part
+    return out
+
+
+class Api:
+    """The endpoint handlers; each takes (state, user, path vars, params) and returns `data`."""
+
+    def __init__(self, state: State, token: str) -> None:
+        self.state = state
+        self.token = token
+        self.ticket = "PVE:root@pam:66F00000::double-ticket"
+        self.csrf = "66F00000:double-csrf"
+
+    # -- auth ------------------------------------------------------------------------------------
+    def authenticate(self, headers: Any, method: str) -> str:
+        auth = headers.get("Authorization", "")
+        if auth.startswith("PVEAPIToken="):
+            ident, _, secret = auth[len("PVEAPIToken=") :].rpartition("=")
+            want_ident, _, want_secret = self.token.rpartition("=")
+            if ident == want_ident and secret == want_secret:
+                return ident
+            raise ApiError(401, "authentication failure")
+        cookie = headers.get("Cookie", "")
+        if f"PVEAuthCookie={self.ticket}" in unquote(cookie):
+            if method != "GET" and headers.get("CSRFPreventionToken") != self.csrf:
+                raise ApiError(401, "Permission denied - invalid csrf token")
+            return "root@pam"
+        raise ApiError(401, "No ticket")
+
+    def login(self, params: dict[str, str]) -> dict[str, Any]:
+        user = params.get("username", "")
+        if "@" not in user:
+            user += "@pam"
+        if user != "root@pam" or params.get("password") != self.token.rpartition("=")[2]:
+            raise ApiError(401, "authentication failure")
+        return {"username": user, "ticket": self.ticket, "CSRFPreventionToken": self.csrf}
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _node(self, node: str) -> None:
+        if node != self.state.data["node"]:
+            raise ApiError(595, f"no such cluster node '{node}'")
+
+    def _storage(self, name: str) -> dict[str, Any]:
+        st = self.state.data["storage"].get(name)
+        if st is None:
+            raise ApiError(500, f"storage '{name}' does not exist")
+        return st
+
+    def _ct(self, vmid: str) -> dict[str, Any]:
+        ct = self.state.data["cts"].get(str(vmid))
+        if ct is None:
+            raise ApiError(
+                500, f"Configuration file 'nodes/{self.state.data['node']}/lxc/{vmid}.conf' does not exist"
+            )
+        return ct
+
+    def _volume(self, vmid: str, spec: str, key: str) -> str:
+        parts = _split_prop(spec, "volume")
+        vol = parts.pop("volume", "")
+        if ":" not in vol:  # bind mount from a host path
+            if key == "rootfs" or not vol.startswith("/"):
+                raise ApiError(400, f"{key}: invalid volume '{vol}'", {key: "invalid format"})
+            return spec
+        storage, _, size = vol.partition(":")
+        st = self._storage(storage)
+        if "rootdir" not in st["content"]:
+            raise ApiError(500, f"storage '{storage}' does not support container directories")
+        if not re.fullmatch(r"\d+(\.\d+)?", size):  # an existing volume
+            return spec
+        n = sum(1 for v in st["volumes"] if v["vmid"] == int(vmid))
+        name = f"subvol-{vmid}-disk-{n}"
+        st["volumes"].append(
+            {
+                "volid": f"{storage}:{name}",
+                "vmid": int(vmid),
+                "content": "rootdir",
+                "size": int(float(size) * 1024**3),
+            }
+        )
+        rest = "".join(f",{k}={v}" for k, v in parts.items() if k != "size")
+        return f"{storage}:{name}{rest},size={size}G"
+
+    # -- endpoints -------------------------------------------------------------------------------
+    def version(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        return self.state.data["version"]
+
+    def nodes(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        return [{"node": self.state.data["node"], "status": "online", "type": "node", "maxcpu": 128}]
+
+    def storage_content(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        self._node(v["node"])
+        vols = self._storage(v["storage"])["volumes"]
+        return [
+            x
+            for x in vols
+            if ("content" not in p or x["content"] == p["content"])
+            and ("vmid" not in p or x.get("vmid") == p["vmid"])
+        ]
+
+    def aplinfo_list(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        return [
+            {"template": t, "package": t.split("_")[0], "type": "lxc", "os": t.split("-")[0]} for t in APLINFO
+        ]
+
+    def _add_template(self, storage: str, filename: str) -> None:
+        st = self._storage(storage)
+        if "vztmpl" not in st["content"]:
+            raise ApiError(500, f"storage '{storage}' does not support vztmpl content")
+        volid = f"{storage}:vztmpl/{filename}"
+        if not any(x["volid"] == volid for x in st["volumes"]):
+            st["volumes"].append({"volid": volid, "content": "vztmpl", "format": "tzst", "size": 141_000_000})
+
+    def aplinfo_download(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        self._node(v["node"])
+        if p["template"] not in APLINFO:
+            raise ApiError(400, f"no such template '{p['template']}'")
+        self._add_template(p["storage"], p["template"])
+        return self.state.task("download", p["template"], user)
+
+    def download_url(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        self._node(v["node"])
+        if ("checksum" in p) != ("checksum-algorithm" in p):
+            raise ApiError(400, "checksum and checksum-algorithm must be given together")
+        self._add_template(v["storage"], p["filename"])
+        return self.state.task("download", p["filename"], user)
+
+    def nextid(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        used = {int(k) for k in self.state.data["cts"]}
+        return str(next(i for i in range(100, 1_000_000) if i not in used))
+
+    def resources(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        node = self.state.data["node"]
+        vms = [
+            {
+                "id": f"lxc/{k}",
+                "vmid": int(k),
+                "name": ct["config"].get("hostname", f"CT{k}"),
+                "node": node,
+                "type": "lxc",
+                "status": ct["status"],
+                "template": 0,
+            }
+            for k, ct in self.state.data["cts"].items()
+        ]
+        nodes = [{"id": f"node/{node}", "node": node, "type": "node", "status": "online"}]
+        out = {"vm": vms, "node": nodes, None: vms + nodes}
+        return out.get(p.get("type"), [])
+
+    def lxc_list(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        self._node(v["node"])
+        return [
+            {"vmid": k, "name": ct["config"].get("hostname"), "status": ct["status"]}
+            for k, ct in self.state.data["cts"].items()
+        ]
+
+    def lxc_create(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        self._node(v["node"])
+        vmid = str(p["vmid"])
+        if vmid in self.state.data["cts"]:
+            raise ApiError(500, f"CT {vmid} already exists on node '{v['node']}'")
+        tstore, _, _tname = p["ostemplate"].partition(":")
+        if not any(x["volid"] == p["ostemplate"] for x in self._storage(tstore)["volumes"]):
+            raise ApiError(500, f"volume '{p['ostemplate']}' does not exist")
+        cfg: dict[str, Any] = {"arch": "amd64", "ostype": "ubuntu", "unprivileged": 0}
+        for key, val in p.items():
+            if key in (
+                "vmid",
+                "node",
+                "ostemplate",
+                "password",
+                "ssh-public-keys",
+                "storage",
+                "start",
+                "pool",
+            ):
+                continue
+            if key == "rootfs" or re.fullmatch(r"mp\d+", key):
+                val = self._volume(vmid, val, key)
+            if re.fullmatch(r"net\d+", key) and "hwaddr=" not in str(val):
+                val += f",hwaddr=BC:24:11:{int(vmid) % 256:02X}:00:{int(key[3:]):02X},type=veth"
+            cfg[key] = val
+        if "rootfs" not in cfg:
+            cfg["rootfs"] = self._volume(vmid, f"{p.get('storage', 'local')}:4", "rootfs")
+        self.state.data["cts"][vmid] = {
+            "config": cfg,
+            "status": "stopped",
+            "ssh_keys": p.get("ssh-public-keys", ""),
+            "has_password": "password" in p,
+        }
+        return self.state.task("vzcreate", vmid, user)
+
+    def lxc_config_get(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        self._node(v["node"])
+        cfg = dict(self._ct(v["vmid"])["config"])
+        cfg["digest"] = format(abs(hash(json.dumps(cfg, sort_keys=True))), "040x")[:40]
+        return cfg
+
+    def lxc_config_put(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        self._node(v["node"])
+        ct = self._ct(v["vmid"])
+        cfg = ct["config"]
+        for key in filter(None, p.get("delete", "").split(",")):
+            cfg.pop(key, None)
+        for key, val in p.items():
+            if key in ("vmid", "node", "delete", "digest"):
+                continue
+            if key == "unprivileged" and int(val) != int(cfg.get("unprivileged", 0)):
+                raise ApiError(500, "unable to modify read-only option: 'unprivileged'")
+            if key == "rootfs" or re.fullmatch(r"mp\d+", key):
+                val = self._volume(v["vmid"], val, key)
+            cfg[key] = val
+        return None
+
+    def lxc_resize(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        ct = self._ct(v["vmid"])
+        disk = p["disk"]
+        if disk not in ct["config"]:
+            raise ApiError(500, f"disk '{disk}' does not exist")
+        m = re.fullmatch(r"\+?(\d+)G", p["size"])
+        if not m:
+            raise ApiError(400, "unable to parse size", {"size": "value does not match the regex pattern"})
+        parts = _split_prop(ct["config"][disk], "volume")
+        old = int(parts.get("size", "0G").rstrip("G"))
+        new = old + int(m.group(1)) if p["size"].startswith("+") else int(m.group(1))
+        if new < old:
+            raise ApiError(500, "unable to shrink disk size")
+        parts["size"] = f"{new}G"
+        ct["config"][disk] = parts.pop("volume") + "".join(f",{k}={x}" for k, x in parts.items())
+        return self.state.task("resize", v["vmid"], user)
+
+    def lxc_status(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        ct = self._ct(v["vmid"])
+        return {
+            "vmid": int(v["vmid"]),
+            "status": ct["status"],
+            "name": ct["config"].get("hostname"),
+            "type": "lxc",
+        }
+
+    def _set_status(self, v: dict[str, str], user: str, kind: str, status: str) -> str:
+        ct = self._ct(v["vmid"])
+        if kind == "vzstart" and ct["status"] == "running":
+            raise ApiError(500, f"CT {v['vmid']} already running")
+        ct["status"] = status
+        return self.state.task(kind, v["vmid"], user)
+
+    def lxc_start(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        return self._set_status(v, user, "vzstart", "running")
+
+    def lxc_stop(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        return self._set_status(v, user, "vzstop", "stopped")
+
+    def lxc_shutdown(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        return self._set_status(v, user, "vzshutdown", "stopped")
+
+    def lxc_delete(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        ct = self._ct(v["vmid"])
+        if ct["status"] == "running":
+            raise ApiError(500, f"CT {v['vmid']} is running - destroy failed")
+        del self.state.data["cts"][v["vmid"]]
+        for st in self.state.data["storage"].values():
+            st["volumes"] = [x for x in st["volumes"] if x.get("vmid") != int(v["vmid"])]
+        return self.state.task("vzdestroy", v["vmid"], user)
+
+    def _task(self, v: dict[str, str]) -> dict[str, Any]:
+        t = self.state.data["tasks"].get(v["upid"])
+        if t is None:
+            raise ApiError(500, f"no such task '{v['upid']}'")
+        return t
+
+    def task_status(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        t = self._task(v)
+        out = {k: t[k] for k in ("type", "id", "user", "starttime", "pid")}
+        out.update(upid=v["upid"], node=v["node"], status="running")
+        if time.time() >= t["done_at"]:
+            out.update(status="stopped", exitstatus=t["exitstatus"])
+        return out
+
+    def task_log(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        t = self._task(v)
+        return [{"n": 1, "t": f"starting {t['type']} {t['id']}"}, {"n": 2, "t": f"TASK {t['exitstatus']}"}]
+
+
+def make_handler(api: Api, log_path: Path | None) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _params(self) -> dict[str, str]:
+            url = urlsplit(self.path)
+            params = dict(parse_qsl(url.query, keep_blank_values=True))
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length).decode() if length else ""
+            if body and "json" in (self.headers.get("Content-Type") or ""):
+                params.update(
+                    {k: str(int(x) if isinstance(x, bool) else x) for k, x in json.loads(body).items()}
+                )
+            elif body:
+                params.update(parse_qsl(body, keep_blank_values=True))
+            return params
+
+        def _reply(self, code: int, payload: dict[str, Any], reason: str | None = None) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(code, reason)
+            self.send_header("Content-Type", "application/json;charset=UTF-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _handle(self, method: str) -> None:
+            path = urlsplit(self.path).path
+            params = self._params()
+            entry: dict[str, Any] = {"method": method, "path": path, "params": params, "status": 200}
+            try:
+                if not path.startswith("/api2/json/"):
+                    raise ApiError(501, f"Method '{method} {path}' not implemented")
+                rel = path[len("/api2/json") :]
+                if rel == "/access/ticket" and method == "POST":
+                    data = api.login(params)
+                    entry["params"] = {k: ("***" if k == "password" else x) for k, x in params.items()}
+                else:
+                    user = api.authenticate(self.headers, method)
+                    name, pvars = route(method, rel)
+                    merged = check_params(method, rel, name, pvars, params)
+                    with api.state.lock:
+                        data = getattr(api, name)(user, pvars, merged)
+                        if method != "GET":
+                            api.state.save()
+                self._reply(200, {"data": data})
+            except ApiError as e:
+                entry["status"] = e.code
+                payload: dict[str, Any] = {"data": None, "message": e.message + "\n"}
+                if e.errors:
+                    payload["errors"] = e.errors
+                self._reply(e.code, payload, e.message)
+            finally:
+                if log_path is not None:
+                    with api.state.lock, log_path.open("a") as fh:
+                        fh.write(json.dumps(entry) + "\n")
+
+        def do_GET(self) -> None:
+            self._handle("GET")
+
+        def do_POST(self) -> None:
+            self._handle("POST")
+
+        def do_PUT(self) -> None:
+            self._handle("PUT")
+
+        def do_DELETE(self) -> None:
+            self._handle("DELETE")
+
+    return Handler
+
+
+def serve(
+    host: str, port: int, cert: str, key: str, state: Path, token: str, log: Path | None, node: str = "pve1"
+) -> ThreadingHTTPServer:
+    """Build the HTTPS server (call `.serve_forever()`); port 0 picks a free one (`.server_address`)."""
+    api = Api(State(state, node), token)
+    httpd = ThreadingHTTPServer((host, port), make_handler(api, log))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    return httpd
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8006)
+    ap.add_argument("--cert", required=True)
+    ap.add_argument("--key", required=True)
+    ap.add_argument("--state", required=True, type=Path)
+    ap.add_argument("--token", required=True, help="user@realm!tokenid=SECRET")
+    ap.add_argument("--log", type=Path, default=None)
+    ap.add_argument("--node", default="pve1")
+    a = ap.parse_args()
+    if "!" not in a.token or "=" not in a.token:
+        ap.error("--token must look like user@realm!tokenid=SECRET")
+    httpd = serve(a.host, a.port, a.cert, a.key, a.state, a.token, a.log, a.node)
+    print(f"pve_api double on https://{a.host}:{httpd.server_address[1]}", flush=True)
+    httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Start the Proxmox API double (pve_api.py) for tests: a test-only CA and server certificate made with
+openssl, the double as a subprocess on a free loopback port, and helpers to read its state and request log.
+
+A real Proxmox VE cannot run here; this double serves the same HTTP API shapes (see pve_api.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TOKEN_USER = "root@pam"
+TOKEN_ID = "ansible"
+TOKEN_SECRET = "0b6a1f4e-2c1d-4d8e-9a57-5f3c8e2d7b10"
+
+
+def make_ca(directory: Path) -> tuple[Path, Path, Path]:
+    """A throw-away CA and a server certificate for 127.0.0.1/localhost signed by it: (ca, cert, key)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca, key, csr, cert = (
+        directory / n for n in ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem")
+    )
+    ext = directory / "san.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=pve_ct test CA",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    run(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-out",
+        str(cert),
+        "-days",
+        "2",
+        "-extfile",
+        str(ext),
+    )
+    return ca, cert, key
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PveDouble:
+    """The double running on https://127.0.0.1:PORT with state and request log under `directory`."""
+
+    def __init__(self, directory: Path, token_secret: str = TOKEN_SECRET) -> None:
+        self.dir = directory
+        self.ca, self.cert, self.key = make_ca(directory / "tls")
+        self.state_path = directory / "pve-state.json"
+        self.log_path = directory / "pve-requests.jsonl"
+        self.port = _free_port()
+        self.token = f"{TOKEN_USER}!{TOKEN_ID}={token_secret}"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> None:
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "pve_api.py"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--cert",
+                str(self.cert),
+                "--key",
+                str(self.key),
+                "--state",
+                str(self.state_path),
+                "--token",
+                self.token,
+                "--log",
+                str(self.log_path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"pve_api double exited: {self._proc.stderr.read().decode() if self._proc.stderr else ''}"
+                )
+            try:
+                with (
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1) as raw,
+                    ctx.wrap_socket(raw, server_hostname="127.0.0.1"),
+                ):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"pve_api double did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+            self._proc = None
+
+    def state(self) -> dict[str, Any]:
+        return json.loads(self.state_path.read_text())
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line) for line in self.log_path.read_text().splitlines()]
+
+    def clear_log(self) -> None:
+        self.log_path.write_text("")
+
+    def role_vars(self) -> dict[str, Any]:
+        """The pve_ct variables that point the role at this double."""
+        return {
+            "pve_ct_api_host": "127.0.0.1",
+            "pve_ct_api_port": self.port,
+            "pve_ct_api_user": TOKEN_USER,
+            "pve_ct_api_token_id": TOKEN_ID,
+            "pve_ct_api_token_secret": self.token.rpartition("=")[2],
+            "pve_ct_api_ca_path": str(self.ca),
+            "pve_ct_node": "pve1",
+        }
