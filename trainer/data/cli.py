@@ -24,20 +24,20 @@ EXIT_REFUSED = 1
 EXIT_ERROR = 2
 
 
-def _sync(s3: S3Config, url: str, concurrency: int | None = None) -> object:
+def _sync(s3: S3Config, url: str, concurrency: int | None = None, include: object = None) -> object:
     from trainer.data.sync import S3Sync
     from trainer.s3 import make_client, parse_s3_url
 
     bucket, prefix = parse_s3_url(url)
     conc = concurrency or s3.concurrency
     client = make_client(s3, max_pool_connections=conc * 8 + 4)
-    return S3Sync(client, bucket, prefix, concurrency=conc)
+    return S3Sync(client, bucket, prefix, concurrency=conc, include=include)  # type: ignore[arg-type]
 
 
 def stage(cfg: RunConfig) -> int:
     """prepare: fetch completions (if on S3), tokenise into shards, run the doctor, upload if asked."""
     from trainer.data.prepare import prepare
-    from trainer.data.records import DataError
+    from trainer.data.records import DataError, is_completion_file
     from trainer.data.sync import SyncError
     from trainer.s3 import join_key
 
@@ -48,7 +48,7 @@ def stage(cfg: RunConfig) -> int:
     try:
         if src.startswith("s3://"):
             local = run / "completions"
-            _sync(cfg.s3, src).download(local)  # type: ignore[attr-defined]
+            _sync(cfg.s3, src, include=is_completion_file).download(local)  # type: ignore[attr-defined]
             src = str(local)
         result = prepare(src, out, data.tokenizer or cfg.target.path, max_length=data.max_length,
                          num_workers=data.num_workers, rows_per_shard=data.rows_per_shard,

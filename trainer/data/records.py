@@ -34,16 +34,31 @@ class Conversation:
     unterminated_think: bool = False  # the last assistant turn opened <think> and never closed it
 
 
+DIR_SUFFIXES = (".jsonl", ".jsonl.zst", ".jsonl.zstd")
+
+
+def is_completion_file(rel: str) -> bool:
+    """Is `rel` (a path relative to a completions dir) a finished completion shard?
+
+    Skips hidden and `_`-prefixed parts (the generator's `_state/` holds open shards, sidecars and
+    rejects) and JSON manifests: only `*.jsonl` / `*.jsonl.zst` files are records in a directory.
+    """
+    parts = Path(rel).parts
+    return bool(parts) and rel.endswith(DIR_SUFFIXES) and not any(p.startswith(("_", ".")) for p in parts)
+
+
 def input_files(path: str | Path) -> list[Path]:
-    """The completion files under `path` (a file or a directory, searched recursively), sorted."""
+    """The completion files at `path`: the file itself, or a directory's shards (recursively), sorted."""
     p = Path(path)
     if p.is_file():
+        if not p.name.endswith(INPUT_SUFFIXES):
+            raise DataError(f"{p}: not a completions file (expected {', '.join(INPUT_SUFFIXES)})")
         return [p]
     if not p.is_dir():
         raise DataError(f"{p}: no such file or directory (expected completions: jsonl, jsonl.zst)")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(INPUT_SUFFIXES))
+    files = sorted(f for f in p.rglob("*") if f.is_file() and is_completion_file(str(f.relative_to(p))))
     if not files:
-        raise DataError(f"{p}: no completion files ({', '.join(INPUT_SUFFIXES)}) in this directory")
+        raise DataError(f"{p}: no completion files ({', '.join(DIR_SUFFIXES)}) in this directory")
     return files
 
 

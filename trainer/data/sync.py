@@ -128,7 +128,8 @@ class S3Sync:
     def __init__(self, client: Any, bucket: str, prefix: str = "", *, concurrency: int = 20,
                  attempts: int = 5, backoff_s: float = 0.5, max_backoff_s: float = 20.0,
                  part_concurrency: int = 8, chunk_mb: int = 16, show_progress: bool = True,
-                 on_file_done: Callable[[str, str], None] | None = None) -> None:
+                 on_file_done: Callable[[str, str], None] | None = None,
+                 include: Callable[[str], bool] | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.client, self.bucket, self.prefix = client, bucket, prefix.strip("/")
@@ -138,6 +139,7 @@ class S3Sync:
         self.tc = transfer_config(part_concurrency, chunk_mb)
         self.show_progress = show_progress
         self.on_file_done = on_file_done
+        self.include = include  # relative path -> sync it?; None = everything
         self._lock = threading.Lock()
 
     @property
@@ -158,7 +160,8 @@ class S3Sync:
                         continue
                     if any(part in ("", ".", "..") for part in rel.split("/")):
                         raise SyncError(f"{self.where}: refusing unsafe object key {obj['Key']!r}")
-                    out[rel] = int(obj["Size"])
+                    if self.include is None or self.include(rel):
+                        out[rel] = int(obj["Size"])
         except SyncError:
             raise
         except Exception as e:
@@ -292,7 +295,8 @@ class S3Sync:
         if not local.is_dir():
             raise SyncError(f"{local}: not a directory")
         items = {str(p.relative_to(local)): p.stat().st_size for p in sorted(local.rglob("*"))
-                 if p.is_file() and not p.name.endswith(PART_SUFFIX) and not p.name.startswith(".")}
+                 if p.is_file() and not p.name.endswith(PART_SUFFIX) and not p.name.startswith(".")
+                 and (self.include is None or self.include(str(p.relative_to(local))))}
         if not items:
             raise SyncError(f"nothing to upload: {local} has no files")
         stats = self._run(items, self._upload_one, local, "s3 up")
