@@ -37,7 +37,7 @@ try:  # imported as tests.doubles.pve_api, or run as a script from its folder
 except ImportError:
     from pve_api_schema import ApiError, check_params, route  # type: ignore[no-redef]
 
-TASK_SECONDS = 0.3
+TASK_SECONDS = 0.05
 APLINFO = [
     "ubuntu-24.04-standard_24.04-2_amd64.tar.zst",
     "debian-12-standard_12.12-1_amd64.tar.zst",
@@ -60,10 +60,13 @@ def default_state(node: str) -> dict[str, Any]:
 
 
 class State:
-    """The double's persistent state, guarded by one lock and saved after every change."""
+    """The double's persistent state, guarded by one lock and saved after every change. With `pve_dir`
+    it also writes each container's `lxc/VMID.conf` there as Proxmox does (keys sorted, raw `lxc.*`
+    lines kept, `[snapshot]` sections kept as they are)."""
 
-    def __init__(self, path: Path, node: str) -> None:
+    def __init__(self, path: Path, node: str, pve_dir: Path | None = None) -> None:
         self.path = path
+        self.pve_dir = pve_dir
         self.lock = threading.Lock()
         self.data = json.loads(path.read_text()) if path.exists() else default_state(node)
         self.save()
@@ -72,6 +75,23 @@ class State:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
         os.replace(tmp, self.path)
+        if self.pve_dir is not None:
+            self.write_confs()
+
+    def write_confs(self) -> None:
+        assert self.pve_dir is not None
+        lxc_dir = self.pve_dir / "lxc"
+        lxc_dir.mkdir(parents=True, exist_ok=True)
+        for conf in lxc_dir.glob("*.conf"):
+            if conf.stem not in self.data["cts"]:
+                conf.unlink()
+        for vmid, ct in self.data["cts"].items():
+            conf = lxc_dir / f"{vmid}.conf"
+            old = conf.read_text().splitlines() if conf.exists() else []
+            cut = next((i for i, line in enumerate(old) if line.startswith("[")), len(old))
+            raw = [line for line in old[:cut] if line.startswith("lxc.")]
+            main = [f"{k}: {v}" for k, v in sorted(ct["config"].items())]
+            conf.write_text("\n".join(main + raw + (["", *old[cut:]] if old[cut:] else [])) + "\n")
 
     def task(self, kind: str, ident: str, user: str, exitstatus: str = "OK") -> str:
         d = self.data
@@ -455,10 +475,18 @@ def make_handler(api: Api, log_path: Path | None) -> type[BaseHTTPRequestHandler
 
 
 def serve(
-    host: str, port: int, cert: str, key: str, state: Path, token: str, log: Path | None, node: str = "pve1"
+    host: str,
+    port: int,
+    cert: str,
+    key: str,
+    state: Path,
+    token: str,
+    log: Path | None,
+    node: str = "pve1",
+    pve_dir: Path | None = None,
 ) -> ThreadingHTTPServer:
     """Build the HTTPS server (call `.serve_forever()`); port 0 picks a free one (`.server_address`)."""
-    api = Api(State(state, node), token)
+    api = Api(State(state, node, pve_dir), token)
     httpd = ThreadingHTTPServer((host, port), make_handler(api, log))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
@@ -476,10 +504,11 @@ def main() -> None:
     ap.add_argument("--token", required=True, help="user@realm!tokenid=SECRET")
     ap.add_argument("--log", type=Path, default=None)
     ap.add_argument("--node", default="pve1")
+    ap.add_argument("--pve-dir", type=Path, default=None, help="write lxc/VMID.conf files here, as /etc/pve")
     a = ap.parse_args()
     if "!" not in a.token or "=" not in a.token:
         ap.error("--token must look like user@realm!tokenid=SECRET")
-    httpd = serve(a.host, a.port, a.cert, a.key, a.state, a.token, a.log, a.node)
+    httpd = serve(a.host, a.port, a.cert, a.key, a.state, a.token, a.log, a.node, a.pve_dir)
     print(f"pve_api double on https://{a.host}:{httpd.server_address[1]}", flush=True)
     httpd.serve_forever()
 

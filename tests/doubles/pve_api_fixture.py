@@ -93,6 +93,7 @@ class PveDouble:
         self.ca, self.cert, self.key = make_ca(directory / "tls")
         self.state_path = directory / "pve-state.json"
         self.log_path = directory / "pve-requests.jsonl"
+        self.pve_dir = directory / "etc-pve"
         self.port = _free_port()
         self.token = f"{TOKEN_USER}!{TOKEN_ID}={token_secret}"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -116,6 +117,8 @@ class PveDouble:
                 self.token,
                 "--log",
                 str(self.log_path),
+                "--pve-dir",
+                str(self.pve_dir),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -164,4 +167,5 @@ class PveDouble:
             "pve_ct_api_token_secret": self.token.rpartition("=")[2],
             "pve_ct_api_ca_path": str(self.ca),
             "pve_ct_node": "pve1",
+            "pve_ct_pve_dir": str(self.pve_dir),
         }

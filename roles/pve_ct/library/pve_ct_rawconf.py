@@ -10,8 +10,8 @@ description:
   - Reads the character-device majors of C(nvidia-frontend) (or C(nvidia)), C(nvidia-uvm) and C(nvidia-caps)
     from O(proc_devices); refuses to write when one is missing (driver not loaded). Nothing is hard-coded.
   - Renders C(lxc.cgroup2.devices.allow) lines for the selected GPUs and the control, UVM and caps nodes, and
-    C(lxc.mount.entry) bind mounts for each node, and keeps them as one managed block in O(path), placed
-    before the first C([snapshot]) section. A block from an older driver (other majors) is replaced.
+    C(lxc.mount.entry) bind mounts for each node, and keeps them at the end of the main section of O(path),
+    before the first C([snapshot]) section. Lines from an older driver (other majors) are replaced.
   - Supports check mode and diff.
 options:
   path: {description: The container config file (C(/etc/pve/lxc/VMID.conf))., type: path, required: true}
@@ -20,7 +20,11 @@ options:
   gpus: {description: GPU indices to pass through., type: list, elements: int, required: true}
   caps: {description: Also pass the C(nvidia-caps) directory (MIG)., type: bool, default: true}
   modeset: {description: Also pass C(nvidia-modeset)., type: bool, default: false}
-  state: {description: Whether the block is present., type: str, default: present, choices: [present, absent]}
+  state: {description: Lines present or absent., type: str, default: present, choices: [present, absent]}
+  state_dir:
+    description: Where the lines written last are recorded (to replace them after a driver update).
+    type: path
+    default: /var/lib/pve_ct
 """
 
 RETURN = r"""
@@ -28,13 +32,12 @@ lines: {description: The rendered lines., type: list, returned: always}
 majors: {description: Majors read from proc_devices., type: dict, returned: always}
 """
 
-import os  # noqa: E402 - Ansible modules document first
+import json  # noqa: E402 - Ansible modules document first
+import os  # noqa: E402
 import re  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-BEGIN = "# BEGIN pve_ct gpu passthrough (managed by Ansible)"
-END = "# END pve_ct gpu passthrough"
 FRONTEND_NAMES = ("nvidia-frontend", "nvidia")
 
 
@@ -79,27 +82,26 @@ def render(majors, gpus, dev_dir, caps=True, modeset=False):
     return lines
 
 
-def place(text, lines):
-    """`text` with the managed block (re)placed before the first [section]; lines=None removes it."""
-    out = []
-    skipping = False
-    for line in text.splitlines():
-        if line == BEGIN:
-            skipping = True
-            continue
-        if skipping:
-            skipping = line != END
-            continue
-        out.append(line)
-    if lines is None:
-        return "\n".join(out) + ("\n" if out else "")
+def is_managed(line, previous):
+    """A passthrough line this module owns: one it wrote before, or a bind mount of an NVIDIA node."""
+    if line in previous:
+        return True
+    return line.startswith("lxc.mount.entry:") and re.search(r"\sdev/nvidia[\w-]*\s", line) is not None
+
+
+def place(text, lines, previous=()):
+    """`text` with the managed lines removed and `lines` (None: nothing) appended to the main section, i.e.
+    before the first [snapshot] section. Proxmox moves '#' comments into the description when it rewrites
+    the file, so no marker comments are used: the lines written last time are recorded in a state file."""
+    owned = set(previous) | set(lines or ())
+    out = text.splitlines()
     first_section = next((i for i, line in enumerate(out) if line.startswith("[")), len(out))
-    head = out[:first_section]
+    head = [line for line in out[:first_section] if not is_managed(line, owned)]  # snapshots stay as taken
     while head and head[-1] == "":
         head.pop()
     tail = out[first_section:]
-    block = [BEGIN, *lines, END]
-    return "\n".join(head + block + (["", *tail] if tail else [])) + "\n"
+    head += list(lines or ())
+    return "\n".join(head + (["", *tail] if tail else [])) + "\n"
 
 
 def main():
@@ -139,9 +141,17 @@ def main():
                 ),
                 majors=majors,
             )
-    after = place(before, lines)
+    record = os.path.join(p["state_dir"], os.path.basename(p["path"]) + ".rawconf.json")
+    previous = []
+    if os.path.exists(record):
+        with open(record) as fh:
+            previous = json.load(fh).get("lines", [])
+    after = place(before, lines, previous)
     changed = after != before
     if changed and not module.check_mode:
+        os.makedirs(p["state_dir"], mode=0o700, exist_ok=True)
+        with open(record, "w") as fh:
+            json.dump({"path": p["path"], "lines": lines or [], "majors": majors}, fh)
         # Written in place: /etc/pve is pmxcfs, which makes each write atomic and has no chmod.
         with open(p["path"], "w") as fh:
             fh.write(after)

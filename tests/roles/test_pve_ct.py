@@ -1,0 +1,189 @@
+"""Role pve_ct against the Proxmox API double, through the real ansible-playbook, proxmoxer and
+community.proxmox modules. A real Proxmox VE cannot run here: tests/doubles/pve_api.py stands in for it
+(HTTPS on loopback with a test-only CA, API-token auth, real UPIDs and task states, parameter checks), and
+every request the role sent is checked against the real API schema (../shared/data/pve-apidata.json)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pve_run import PveDouble, PlayResult, fake_gpu_dev, run_role
+from pve_schema import APIDATA, request_errors
+
+WRITES = {"POST", "PUT", "DELETE"}
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPvDhQ2ctestkey trainer@laptop"
+
+
+@pytest.fixture(scope="module")
+def pve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PveDouble]:
+    double = PveDouble(tmp_path_factory.mktemp("pve"))
+    double.start()
+    try:
+        yield double
+    finally:
+        double.stop()
+
+
+@pytest.fixture(scope="module")
+def gpu_dev(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_gpu_dev(tmp_path_factory.mktemp("dev"))
+
+
+def base_vars(pve: PveDouble, gpu_dev: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        **pve.role_vars(),
+        "pve_ct_host_dev_dir": str(gpu_dev),
+        "pve_ct_rootfs_storage": "scratch",
+        "pve_ct_rootfs_size_gb": 400,
+        "pve_ct_cores": 64,
+        "pve_ct_memory_mb": 524288,
+        "pve_ct_verify_gpus": False,
+        "pve_ct_ssh_public_keys": [KEY],
+        "pve_ct_bind_mounts": [{"host_path": "/tank/workspace", "mount_point": "/workspace"}],
+        **extra,
+    }
+
+
+def writes(requests: list[dict[str, Any]]) -> list[str]:
+    return [f"{r['method']} {r['path']}" for r in requests if r["method"] in WRITES]
+
+
+def assert_ok(res: PlayResult) -> None:
+    assert res.rc == 0 and not res.failures, f"role failed: {res.failures}\n{res.output[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def ct200(pve: PveDouble, gpu_dev: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """CT 200 created by a first run; a second run repeated on top. Both runs' requests are kept."""
+    work = tmp_path_factory.mktemp("ct200")
+    pve.clear_log()
+    first = run_role(work, base_vars(pve, gpu_dev))
+    first_requests = pve.requests()
+    pve.clear_log()
+    second = run_role(work, base_vars(pve, gpu_dev))
+    return {"first": first, "second": second, "first_requests": first_requests,
+            "second_requests": pve.requests(), "state": pve.state()}
+
+
+@pytest.mark.slow
+def test_first_run_creates_ct200_with_all_gpus(ct200: dict[str, Any], gpu_dev: Path) -> None:
+    assert_ok(ct200["first"])
+    assert ct200["first"].changed >= 2  # template + container
+    ct = ct200["state"]["cts"]["200"]
+    cfg = ct["config"]
+    assert ct["status"] == "running"
+    assert cfg["rootfs"].startswith("scratch:subvol-200-disk-0") and cfg["rootfs"].endswith("size=400G")
+    assert (cfg["cores"], cfg["memory"], cfg["features"], cfg["onboot"]) == (64, 524288, "nesting=1", 1)
+    assert cfg["mp0"] == "/tank/workspace,mp=/workspace"
+    assert ct["ssh_keys"].strip() == KEY
+    devs = sorted((v.split(",")[0] for k, v in cfg.items() if k.startswith("dev")), key=str)
+    want = [f"{gpu_dev}/nvidia{i}" for i in range(8)] + [f"{gpu_dev}/{n}" for n in
+                                                         ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    assert devs == sorted(want, key=str)
+    volids = [v["volid"] for v in ct200["state"]["storage"]["local"]["volumes"]]
+    assert "local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst" in volids
+    assert writes(ct200["first_requests"]).count("POST /api2/json/nodes/pve1/lxc") == 1
+
+
+@pytest.mark.slow
+def test_second_run_changes_nothing(ct200: dict[str, Any]) -> None:
+    assert_ok(ct200["second"])
+    assert ct200["second"].changed == 0, ct200["second"].changed_tasks
+    assert writes(ct200["second_requests"]) == []
+
+
+@pytest.mark.slow
+def test_every_request_is_valid_for_the_real_api(ct200: dict[str, Any]) -> None:
+    """Each request the role sent is checked against the real schema (pve-apidata.json, when present next to
+    the repository; the double's own parameter checks, which answered every request, apply either way)."""
+    requests = ct200["first_requests"] + ct200["second_requests"]
+    assert len(requests) > 20
+    assert all(r["status"] == 200 for r in requests), [r for r in requests if r["status"] != 200]
+    if APIDATA.exists():
+        errors = [e for r in requests for e in request_errors(r)]
+        assert errors == []
+
+
+def test_schema_check_can_fail() -> None:
+    """The schema checker rejects what the real API would (so the check above can fail)."""
+    if not APIDATA.exists():
+        pytest.fail(f"{APIDATA} is missing")
+    bad = {"method": "PUT", "path": "/api2/json/nodes/pve1/lxc/200/config",
+           "params": {"ssh-public-keys": "x", "dev0": "/dev/nvidia0,colour=red", "cores": "many"}}
+    errors = " ".join(request_errors(bad))
+    assert "'ssh-public-keys' is not defined" in errors
+    assert "colour" in errors and "cores='many'" in errors
+
+
+@pytest.mark.slow
+def test_gpu_subset_check_mode_then_apply(ct200: dict[str, Any], pve: PveDouble, gpu_dev: Path,
+                                           tmp_path: Path) -> None:
+    before = pve.state()["cts"]["200"]["config"]
+    pve.clear_log()
+    dry = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_gpus=[1, 3]), check=True)
+    assert_ok(dry)
+    assert "Create or converge the container and bring it to its run state" in dry.changed_tasks
+    assert '"dev5"' in dry.output or "dev5" in dry.output  # the diff shows entries that would go
+    assert writes(pve.requests()) == []
+    assert pve.state()["cts"]["200"]["config"] == before
+
+    pve.clear_log()
+    applied = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_gpus=[1, 3]))
+    assert_ok(applied)
+    cfg = pve.state()["cts"]["200"]["config"]
+    devs = {k: v.split(",")[0] for k, v in cfg.items() if k.startswith("dev")}
+    assert devs == {"dev0": f"{gpu_dev}/nvidia1", "dev1": f"{gpu_dev}/nvidia3", "dev2": f"{gpu_dev}/nvidiactl",
+                    "dev3": f"{gpu_dev}/nvidia-uvm", "dev4": f"{gpu_dev}/nvidia-uvm-tools"}
+    sent = writes(pve.requests())
+    assert "POST /api2/json/nodes/pve1/lxc/200/status/stop" in sent  # devN apply at the next start
+    assert sent[-1] == "POST /api2/json/nodes/pve1/lxc/200/status/start"
+    put = next(r for r in pve.requests() if r["method"] == "PUT")
+    assert set(put["params"]["delete"].split(",")) == {f"dev{i}" for i in range(5, 11)}
+
+    again = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_gpus=[1, 3]))
+    assert_ok(again)
+    assert again.changed == 0, again.changed_tasks
+
+
+@pytest.mark.slow
+def test_gpu_index_not_on_host_is_refused(ct200: dict[str, Any], pve: PveDouble, gpu_dev: Path,
+                                          tmp_path: Path) -> None:
+    res = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_gpus=[0, 9]))
+    assert res.rc != 0
+    assert any("pve_ct_gpus=[0, 9]" in f and "GPUs [0, 1, 2, 3, 4, 5, 6, 7]" in f for f in res.failures), res.failures
+
+
+def test_wrong_token_fails_clearly_without_leaking_it(pve: PveDouble, gpu_dev: Path, tmp_path: Path) -> None:
+    secret = "not-the-secret-5d1c"
+    res = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_api_token_secret=secret))
+    assert res.rc != 0
+    assert any("rejected API token 'root@pam!ansible'" in f and "401" in f for f in res.failures), res.failures
+    assert secret not in res.output
+
+
+def test_tls_is_verified_against_the_configured_ca(pve: PveDouble, gpu_dev: Path, tmp_path: Path) -> None:
+    res = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_api_ca_path=""))
+    assert res.rc != 0
+    assert any("TLS verification" in f and "pve_ct_api_ca_path" in f for f in res.failures), res.failures
+
+
+def test_double_rejects_what_the_real_api_rejects(pve: PveDouble) -> None:
+    from proxmoxer import ProxmoxAPI
+    from proxmoxer.core import ResourceException
+
+    api = ProxmoxAPI("127.0.0.1", port=pve.port, user="root@pam", token_name="ansible",
+                     token_value=pve.token.rpartition("=")[2], verify_ssl=str(pve.ca))
+    with pytest.raises(ResourceException) as err:
+        api.nodes("pve1").lxc.post(vmid=300, ostemplate="local:vztmpl/none.tar.zst", colour="red")
+    assert err.value.status_code == 400 and "colour" in str(err.value.errors)
+    with pytest.raises(ResourceException) as err:
+        api.nodes("pve1").lxc.post(vmid=300, ostemplate="local:vztmpl/none.tar.zst")
+    assert err.value.status_code == 500 and "does not exist" in str(err.value)
+    upid = api.nodes("pve1").aplinfo.post(storage="local", template="debian-12-standard_12.12-1_amd64.tar.zst")
+    assert upid.startswith("UPID:pve1:") and ":download:" in upid
+    assert api.nodes("pve1").tasks(upid).status.get()["status"] in {"running", "stopped"}
+    state = json.loads(pve.state_path.read_text())
+    assert "300" not in state["cts"]
