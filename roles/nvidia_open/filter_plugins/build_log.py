@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 
 # gcc/clang diagnostics: "path/file.c:LINE:COL: error: message" (also "fatal error:").
-_COMPILER_ERROR = re.compile(r"^(?P<file>[^\s:]+):(?P<line>\d+)(?::(?P<col>\d+))?: (?:fatal )?error: (?P<msg>.+)$")
+_COMPILER_ERROR = re.compile(
+    r"^(?P<file>[^\s:]+):(?P<line>\d+)(?::(?P<col>\d+))?: (?:fatal )?error: (?P<msg>.+)$"
+)
 # Linker and modpost failures: "ERROR: modpost: ..." or "ld: ...: undefined reference to ...".
 _LINK_ERROR = re.compile(r"^(?:ERROR: modpost: .+|.*\bld(?:\.\w+)?: .*(?:undefined reference|error).*)$")
 # make's own failure lines ("make[2]: *** [Makefile:12: foo.o] Error 1"), the last resort.
