@@ -27,12 +27,16 @@ class Batch:
         return int(self.lengths.sum())
 
 
-def collate(samples: list[dict[str, list[int]]], pad_id: int = 0,
-            device: torch.device | str = "cpu") -> Batch:
-    """Right-pad a list of {"input_ids", "loss_mask"} samples into a `Batch`."""
+def collate(samples: list[dict[str, list[int]]], pad_id: int = 0, device: torch.device | str = "cpu",
+            pad_to: int = 0, max_length: int = 0) -> Batch:
+    """Right-pad {"input_ids", "loss_mask"} samples into a `Batch` (to `pad_to` when longer than the
+    longest sample: few distinct shapes); samples longer than `max_length` (> 0) are cut."""
     if not samples:
         raise ValueError("collate: empty batch")
-    s = max(len(x["input_ids"]) for x in samples)
+    if max_length > 0:
+        samples = [{"input_ids": x["input_ids"][:max_length], "loss_mask": x["loss_mask"][:max_length]}
+                   for x in samples]
+    s = max(max(len(x["input_ids"]) for x in samples), min(pad_to, max_length) if max_length else pad_to)
     ids = torch.full((len(samples), s), pad_id, dtype=torch.long)
     mask = torch.zeros(len(samples), s, dtype=torch.long)
     for i, x in enumerate(samples):

@@ -119,21 +119,16 @@ class TargetModel(nn.Module):
 def load_target(path: str | Path, *, layer_ids: tuple[int, ...] = (), num_draft_layers: int = 5,
                 dtype: str = "auto", device: torch.device | str = "cpu") -> TargetModel:
     """Load a frozen target from a local transformers checkpoint (no hub access: local_files_only)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"target.path {path}: no config.json (expected a transformers checkpoint)")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
     torch_dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float16": torch.float16,
                    "float32": torch.float32}[dtype]
-    model_cls: Any = AutoModelForCausalLM
-    if getattr(config, "text_config", None) is not None and "ForConditionalGeneration" in str(
-            getattr(config, "architectures", [""])[0]):
-        from transformers import AutoModelForImageTextToText
-
-        model_cls = AutoModelForImageTextToText  # VLM layout: model.language_model.* (text path only used)
-    model = model_cls.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    # AutoModelForCausalLM maps a VLM checkpoint (Qwen3_5ForConditionalGeneration, weights under
+    # model.language_model.*) to the text-only Qwen3_5ForCausalLM: the vision tower is never loaded.
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
     text_cfg = getattr(model.config, "text_config", None) or model.config
     ids = layer_ids or default_layer_ids(int(text_cfg.num_hidden_layers), num_draft_layers)
     return TargetModel(model.to(device), ids)

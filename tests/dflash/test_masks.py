@@ -1,0 +1,86 @@
+"""Block-sparse masks: the predicate by hand, flex == dense (flex attention runs unfused on CPU in
+torch 2.13), and no leak: a block's output does not depend on tokens after its anchor."""
+from __future__ import annotations
+
+import torch
+
+from trainer.dflash import device as dev
+from trainer.dflash.config import DrafterConfig, LossConfig
+from trainer.dflash.drafter import build_drafter
+from trainer.dflash.masks import AttentionMasks, MaskSpec, attend, dense_mask, flex_block_mask
+from trainer.dflash.step import collate, dflash_forward
+from trainer.dflash.target import TargetModel
+from trainer.dflash.tiny import build_tiny_model
+
+
+def test_dense_mask_by_hand() -> None:
+    # S=6, B=2, anchors [2, 4]: block 0 sees ctx 0,1 + its own block; block 1 sees ctx 0..3
+    m = dense_mask(MaskSpec(block_size=2, ctx_len=6), torch.tensor([[2, 4]]))[0, 0].int()
+    expect = torch.tensor([
+        [1, 1, 0, 0, 0, 0, 1, 1, 0, 0],
+        [1, 1, 0, 0, 0, 0, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 1, 1],
+        [1, 1, 1, 1, 0, 0, 0, 0, 1, 1],
+    ])
+    assert torch.equal(m, expect)
+
+
+def test_sliding_mask_is_windowed_on_context_and_causal_in_block() -> None:
+    m = dense_mask(MaskSpec(block_size=3, ctx_len=8, window=3, block_causal=True), torch.tensor([[6]]))[0, 0]
+    # query slot i at position 6+i sees ctx kv with 6+i-kv < 3 and kv < 6, block slots <= i
+    assert m[0, :8].nonzero().flatten().tolist() == [4, 5]
+    assert m[1, :8].nonzero().flatten().tolist() == [5]
+    assert m[2, :8].nonzero().flatten().tolist() == []
+    assert m[:, 8:].int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+
+
+def test_flex_equals_dense_attention() -> None:
+    assert dev.flex_available()
+    torch.manual_seed(0)
+    bs, h, hkv, d, s, b = 2, 4, 2, 16, 40, 4
+    anchors = torch.tensor([[3, 10, 25, 31], [0, 5, 17, 36]])
+    nq = anchors.shape[1] * b
+    q = torch.randn(bs, h, nq, d)
+    k = torch.randn(bs, hkv, s + nq, d)
+    v = torch.randn(bs, hkv, s + nq, d)
+    for spec in (MaskSpec(b, s), MaskSpec(b, s, window=8, block_causal=True)):
+        dense = attend(q, k, v, dense_mask(spec, anchors), False, d ** -0.5)
+        flex = attend(q, k, v, flex_block_mask(spec, anchors), True, d ** -0.5)
+        assert torch.allclose(dense, flex, atol=1e-5), (spec, (dense - flex).abs().max())
+
+
+def test_drafter_flex_path_equals_sdpa_path() -> None:
+    target = TargetModel(build_tiny_model(), (1, 5))
+    dcfg = DrafterConfig(num_layers=2, block_size=4, mask_token_id=511, sliding_window=8, max_anchors=6)
+    drafter = build_drafter(dcfg, target)
+    batch = collate([{"input_ids": list(range(30)), "loss_mask": [1] * 30}])
+    anchors = (torch.tensor([[2, 9, 15, 20, 24, 27]]), torch.ones(1, 6, dtype=torch.bool))
+    with torch.no_grad():  # flex has no backward on CPU (torch 2.13); forward numbers are what we compare
+        outs = [dflash_forward(batch, target, drafter, dcfg, LossConfig(), anchors=anchors, use_flex=f,
+                               train=False) for f in (False, True)]
+    assert torch.allclose(outs[0].loss, outs[1].loss, atol=1e-5)
+
+
+def test_block_output_does_not_depend_on_tokens_after_its_anchor() -> None:
+    """Changing x[a+1:] must not change block(a)'s hidden states: no label leak through the mask."""
+    target = TargetModel(build_tiny_model(seed=3), (1, 5))
+    dcfg = DrafterConfig(num_layers=2, block_size=4, mask_token_id=511, sliding_window=64)
+    drafter = build_drafter(dcfg, target)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 500, (1, 32), generator=g)
+    y = x.clone()
+    a = 12
+    y[0, a + 1:] = torch.randint(0, 500, (31 - a,), generator=g)
+
+    def block_hidden(ids: torch.Tensor) -> torch.Tensor:
+        feats = target.features(ids).features
+        anchors = torch.tensor([[a]])
+        masks = AttentionMasks(anchors, ids.shape[1], 4, 64, True, use_flex=False)
+        block_ids = torch.tensor([[int(ids[0, a]), 511, 511, 511]])
+        pos = torch.arange(a, a + 4)[None]
+        return drafter(block_ids, pos, feats, masks)
+
+    assert torch.allclose(block_hidden(x), block_hidden(y), atol=1e-6)
+    z = x.clone()
+    z[0, a - 1] = (z[0, a - 1] + 1) % 500  # a context token before the anchor does matter
+    assert not torch.allclose(block_hidden(x), block_hidden(z), atol=1e-6)

@@ -1,0 +1,126 @@
+"""Atomic, numbered checkpoints with full training state, a `latest` pointer and keep-last-K.
+
+Layout under ``<run_dir>/checkpoints/``::
+
+    step-0000100/  drafter.safetensors   trainable drafter weights (fp32 master copy)
+                   state.pt              optimizer, scheduler, sampler, RNG states, counters
+                   meta.json             step, epoch, tokens, the drafter architecture
+                   config.yml            the resolved run config
+    latest                               text file naming the newest complete step dir
+
+A checkpoint is written into a hidden temp dir and renamed into place, then `latest` is replaced
+atomically: a crash mid-save leaves the previous checkpoint as `latest`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+log = logging.getLogger(__name__)
+
+_STEP_RE = re.compile(r"^step-(\d{7,})$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    if not ckpt_root.is_dir():
+        return []
+    found = [p for p in ckpt_root.iterdir() if p.is_dir() and _STEP_RE.match(p.name)]
+    return sorted(found, key=lambda p: int(_STEP_RE.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The dir named by `latest` (if complete), else the newest complete step dir, else None."""
+    pointer = ckpt_root / "latest"
+    if pointer.is_file():
+        cand = ckpt_root / pointer.read_text().strip()
+        if (cand / "meta.json").is_file():
+            return cand
+        log.warning("%s names %s, which is incomplete; falling back to the newest step dir", pointer, cand)
+    complete = [p for p in list_checkpoints(ckpt_root) if (p / "meta.json").is_file()]
+    return complete[-1] if complete else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A step dir, or a checkpoints root / run dir (-> its latest). Clear error when there is none."""
+    p = Path(path)
+    if (p / "meta.json").is_file():
+        return p
+    for root in (p, p / "checkpoints"):
+        found = latest_checkpoint(root)
+        if found is not None:
+            return found
+    raise FileNotFoundError(
+        f"{p}: no checkpoint (expected a step-NNNNNNN dir with meta.json, or a dir holding them)")
+
+
+def save_checkpoint(ckpt_root: Path, step: int, *, weights: dict[str, torch.Tensor], state: dict[str, Any],
+                    meta: dict[str, Any], config: dict[str, Any], keep_last: int) -> Path:
+    from safetensors.torch import save_file
+
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / step_dir_name(step)
+    tmp = ckpt_root / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    cpu = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+    save_file(cpu, str(tmp / "drafter.safetensors"))
+    torch.save(state, tmp / "state.pt")
+    (tmp / "config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (tmp / "meta.json").write_text(json.dumps({**meta, "step": step}, indent=2, default=_json_default) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    pointer_tmp = ckpt_root / f".latest.tmp-{os.getpid()}"
+    pointer_tmp.write_text(final.name + "\n")
+    os.replace(pointer_tmp, ckpt_root / "latest")
+    for old in list_checkpoints(ckpt_root)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    log.info("checkpoint saved: %s", final)
+    return final
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict, dict, dict]:
+    """(weights, state, meta) of a step dir."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path / "drafter.safetensors"), device=str(map_location))
+    state = torch.load(path / "state.pt", map_location=map_location, weights_only=False)
+    meta = json.loads((path / "meta.json").read_text())
+    return weights, state, meta
+
+
+def _json_default(o: Any) -> Any:
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return dataclasses.asdict(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
