@@ -1,0 +1,74 @@
+"""The kernel role's real build (linux-source-6.12, tinyconfig + MODULES) and its safe boot.
+
+The build is real: `make bindeb-pkg` ran in the container and its .debs were installed. The boot is
+simulated: a container has no bootloader and cannot reboot, so prepare.yml installed a stand-in
+proxmox-boot-tool and a stand-in reboot (molecule/kernel/fake-boot) that keep the pin state and log
+every call. The fallback path is covered by the kernel_fallback scenario.
+"""
+import json
+
+import pytest
+
+CACHE = "/var/cache/gpu-node/kernel"
+
+
+@pytest.fixture(scope="module")
+def fact(host):
+    f = host.file("/etc/ansible/facts.d/gpu_node.fact")
+    assert f.exists, "the kernel role wrote no gpu_node.fact"
+    return json.loads(f.content_string)["kernel"]
+
+
+@pytest.fixture(scope="module")
+def release(fact):
+    rel = fact["release"]
+    assert rel.startswith("6.12.") and rel.endswith("-molecule"), rel
+    return rel
+
+
+def test_bindeb_pkg_produced_image_and_headers(host, fact, release):
+    debs = host.check_output(f"ls {CACHE}/debs/{fact['cache_key']}").split()
+    packages = {host.check_output(f"dpkg-deb -f {CACHE}/debs/{fact['cache_key']}/{d} Package") for d in debs}
+    assert {f"linux-image-{release}", f"linux-headers-{release}"} <= packages, packages
+
+
+def test_packages_installed(host, release):
+    for pkg in (f"linux-image-{release}", f"linux-headers-{release}"):
+        assert host.package(pkg).is_installed, pkg
+    assert host.file(f"/boot/vmlinuz-{release}").is_file
+    assert host.file(f"/lib/modules/{release}/build").exists, "headers give nvidia_open a build tree"
+
+
+def test_config_has_fragments_and_forced_options(host, fact):
+    config = host.file(f"{CACHE}/debs/{fact['cache_key']}/config").content_string.splitlines()
+    for line in ("CONFIG_MODULES=y", "CONFIG_MODULE_UNLOAD=y", "CONFIG_64BIT=y",
+                 "CONFIG_DEBUG_INFO_NONE=y", 'CONFIG_SYSTEM_TRUSTED_KEYS=""'):
+        assert line in config, line
+    assert not any(ln.startswith("CONFIG_DEBUG_INFO_BTF=") for ln in config)
+
+
+def test_cache_key_is_source_checksum_and_config_hash(host, fact):
+    src = host.check_output("sha256sum /usr/src/linux-source-6.12.tar.xz").split()[0]
+    key = fact["cache_key"]
+    assert key.startswith(src[:16] + "-") and len(key) == 33, key
+
+
+def test_build_tree_removed_after_success(host, fact):
+    assert not host.file(f"{CACHE}/work/{fact['cache_key']}").exists
+
+
+def test_pinned_for_next_boot_before_reboot_and_default_only_after(host, release):
+    calls = host.file("/var/lib/fake-boot/calls.log").content_string.splitlines()
+    # Exactly one attempt: the idempotence converge neither pinned nor rebooted again.
+    assert calls == [
+        f"proxmox-boot-tool kernel pin {release} --next-boot",
+        f"reboot -> {release}",
+        f"proxmox-boot-tool kernel pin {release}",
+    ]
+
+
+def test_new_kernel_runs_and_is_default(host, fact, release):
+    assert host.file("/var/lib/fake-boot/running").content_string.strip() == release
+    assert host.file("/var/lib/fake-boot/default").content_string.strip() == release
+    assert fact["default"] == release
+    assert fact["fallback"] == host.file("/var/lib/fake-boot/initial").content_string.strip()
