@@ -2,6 +2,7 @@
 
 The role's modules run locally with the real proxmoxer and the real community.proxmox modules; only the
 Proxmox server is a double (tests/doubles/pve_api.py), because a real Proxmox VE cannot run here."""
+
 from __future__ import annotations
 
 import json
@@ -57,11 +58,15 @@ def _parse(stdout: str) -> tuple[dict[str, Any], list[str], list[str]]:
     return stats, failures, changed
 
 
-def run_role(workdir: Path, role_vars: dict[str, Any], *, check: bool = False, role: str = "pve_ct") -> PlayResult:
+def run_role(
+    workdir: Path, role_vars: dict[str, Any], *, check: bool = False, role: str = "pve_ct"
+) -> PlayResult:
     """Run `role` once on localhost with `role_vars` as extra vars; parse the JSON callback's result."""
     workdir.mkdir(parents=True, exist_ok=True)
     play = workdir / "play.yml"
-    play.write_text(f"---\n- name: Run {role}\n  hosts: localhost\n  gather_facts: false\n  roles:\n    - role: {role}\n")
+    play.write_text(
+        f"---\n- name: Run {role}\n  hosts: localhost\n  gather_facts: false\n  roles:\n    - role: {role}\n"
+    )
     varfile = workdir / "vars.json"
     varfile.write_text(json.dumps({"ansible_python_interpreter": sys.executable, **role_vars}))
     env = dict(
@@ -72,13 +77,23 @@ def run_role(workdir: Path, role_vars: dict[str, Any], *, check: bool = False, r
         ANSIBLE_NOCOLOR="1",
         PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     )
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
-           str(play), "-e", f"@{varfile}"]
+    cmd = [
+        str(Path(sys.executable).with_name("ansible-playbook")),
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        str(play),
+        "-e",
+        f"@{varfile}",
+    ]
     if check:
         cmd += ["--check", "--diff"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     try:
         stats, failures, changed = _parse(proc.stdout)
     except (ValueError, KeyError) as exc:
-        raise AssertionError(f"ansible-playbook output is not JSON ({exc}):\n{proc.stdout}\n{proc.stderr}") from exc
+        raise AssertionError(
+            f"ansible-playbook output is not JSON ({exc}):\n{proc.stdout}\n{proc.stderr}"
+        ) from exc
     return PlayResult(proc.returncode, proc.stdout + proc.stderr, stats, failures, changed)

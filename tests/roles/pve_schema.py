@@ -1,6 +1,7 @@
 """Check logged Proxmox API requests against the real Proxmox VE API schema (pve-apidata.json, converted
 from pve-docs' api-viewer/apidata.js): path and method exist, every parameter is defined, and its value has
 the schema's type, enum, pattern and (for property strings) keys; required parameters are present."""
+
 from __future__ import annotations
 
 import json

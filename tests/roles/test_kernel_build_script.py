@@ -6,6 +6,7 @@ olddefconfig, kernelrelease, bindeb-pkg) and a merge_config.sh that appends, so 
 own logic is checked fast: config lines that olddefconfig drops are refused by name, a failed build
 reports its step and first error, and .debs are published only after success.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -79,7 +80,9 @@ def test_success_publishes_debs_release_and_config(tmp_path):
     assert proc.stdout.strip() == "built 6.12.99-t"
     assert (cache / "release").read_text() == "6.12.99-t\n"
     assert sorted(p.name for p in cache.glob("*.deb")) == [
-        "linux-headers-6.12.99-t_1_amd64.deb", "linux-image-6.12.99-t_1_amd64.deb"]
+        "linux-headers-6.12.99-t_1_amd64.deb",
+        "linux-image-6.12.99-t_1_amd64.deb",
+    ]
     assert "CONFIG_MODULES=y" in (cache / "config").read_text().splitlines()
     assert not (tmp_path / "root/work/abc-def").exists(), "build tree kept"
 

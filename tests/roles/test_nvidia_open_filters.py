@@ -4,6 +4,7 @@ The logs below are shaped like the real failure measured on trixie (nvidia-open-
 550.163.01 against 6.12.117+deb13 headers): conftest chatter, CC lines, the compiler diagnostic
 with its context lines, then make's recursive "Error" trail.
 """
+
 from __future__ import annotations
 
 import importlib.util

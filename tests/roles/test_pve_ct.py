@@ -2,6 +2,7 @@
 community.proxmox modules. A real Proxmox VE cannot run here: tests/doubles/pve_api.py stands in for it
 (HTTPS on loopback with a test-only CA, API-token auth, real UPIDs and task states, parameter checks), and
 every request the role sent is checked against the real API schema (../shared/data/pve-apidata.json)."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pve_run import PveDouble, PlayResult, fake_gpu_dev, run_role
+from pve_run import PlayResult, PveDouble, fake_gpu_dev, run_role
 from pve_schema import APIDATA, request_errors
 
 WRITES = {"POST", "PUT", "DELETE"}
@@ -64,8 +65,13 @@ def ct200(pve: PveDouble, gpu_dev: Path, tmp_path_factory: pytest.TempPathFactor
     first_requests = pve.requests()
     pve.clear_log()
     second = run_role(work, base_vars(pve, gpu_dev))
-    return {"first": first, "second": second, "first_requests": first_requests,
-            "second_requests": pve.requests(), "state": pve.state()}
+    return {
+        "first": first,
+        "second": second,
+        "first_requests": first_requests,
+        "second_requests": pve.requests(),
+        "state": pve.state(),
+    }
 
 
 @pytest.mark.slow
@@ -80,8 +86,9 @@ def test_first_run_creates_ct200_with_all_gpus(ct200: dict[str, Any], gpu_dev: P
     assert cfg["mp0"] == "/tank/workspace,mp=/workspace"
     assert ct["ssh_keys"].strip() == KEY
     devs = sorted((v.split(",")[0] for k, v in cfg.items() if k.startswith("dev")), key=str)
-    want = [f"{gpu_dev}/nvidia{i}" for i in range(8)] + [f"{gpu_dev}/{n}" for n in
-                                                         ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    want = [f"{gpu_dev}/nvidia{i}" for i in range(8)] + [
+        f"{gpu_dev}/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+    ]
     assert devs == sorted(want, key=str)
     volids = [v["volid"] for v in ct200["state"]["storage"]["local"]["volumes"]]
     assert "local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst" in volids
@@ -111,16 +118,20 @@ def test_schema_check_can_fail() -> None:
     """The schema checker rejects what the real API would (so the check above can fail)."""
     if not APIDATA.exists():
         pytest.fail(f"{APIDATA} is missing")
-    bad = {"method": "PUT", "path": "/api2/json/nodes/pve1/lxc/200/config",
-           "params": {"ssh-public-keys": "x", "dev0": "/dev/nvidia0,colour=red", "cores": "many"}}
+    bad = {
+        "method": "PUT",
+        "path": "/api2/json/nodes/pve1/lxc/200/config",
+        "params": {"ssh-public-keys": "x", "dev0": "/dev/nvidia0,colour=red", "cores": "many"},
+    }
     errors = " ".join(request_errors(bad))
     assert "'ssh-public-keys' is not defined" in errors
     assert "colour" in errors and "cores='many'" in errors
 
 
 @pytest.mark.slow
-def test_gpu_subset_check_mode_then_apply(ct200: dict[str, Any], pve: PveDouble, gpu_dev: Path,
-                                           tmp_path: Path) -> None:
+def test_gpu_subset_check_mode_then_apply(
+    ct200: dict[str, Any], pve: PveDouble, gpu_dev: Path, tmp_path: Path
+) -> None:
     before = pve.state()["cts"]["200"]["config"]
     pve.clear_log()
     dry = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_gpus=[1, 3]), check=True)
@@ -135,8 +146,13 @@ def test_gpu_subset_check_mode_then_apply(ct200: dict[str, Any], pve: PveDouble,
     assert_ok(applied)
     cfg = pve.state()["cts"]["200"]["config"]
     devs = {k: v.split(",")[0] for k, v in cfg.items() if k.startswith("dev")}
-    assert devs == {"dev0": f"{gpu_dev}/nvidia1", "dev1": f"{gpu_dev}/nvidia3", "dev2": f"{gpu_dev}/nvidiactl",
-                    "dev3": f"{gpu_dev}/nvidia-uvm", "dev4": f"{gpu_dev}/nvidia-uvm-tools"}
+    assert devs == {
+        "dev0": f"{gpu_dev}/nvidia1",
+        "dev1": f"{gpu_dev}/nvidia3",
+        "dev2": f"{gpu_dev}/nvidiactl",
+        "dev3": f"{gpu_dev}/nvidia-uvm",
+        "dev4": f"{gpu_dev}/nvidia-uvm-tools",
+    }
     sent = writes(pve.requests())
     assert "POST /api2/json/nodes/pve1/lxc/200/status/stop" in sent  # devN apply at the next start
     assert sent[-1] == "POST /api2/json/nodes/pve1/lxc/200/status/start"
@@ -149,18 +165,23 @@ def test_gpu_subset_check_mode_then_apply(ct200: dict[str, Any], pve: PveDouble,
 
 
 @pytest.mark.slow
-def test_gpu_index_not_on_host_is_refused(ct200: dict[str, Any], pve: PveDouble, gpu_dev: Path,
-                                          tmp_path: Path) -> None:
+def test_gpu_index_not_on_host_is_refused(
+    ct200: dict[str, Any], pve: PveDouble, gpu_dev: Path, tmp_path: Path
+) -> None:
     res = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_gpus=[0, 9]))
     assert res.rc != 0
-    assert any("pve_ct_gpus=[0, 9]" in f and "GPUs [0, 1, 2, 3, 4, 5, 6, 7]" in f for f in res.failures), res.failures
+    assert any("pve_ct_gpus=[0, 9]" in f and "GPUs [0, 1, 2, 3, 4, 5, 6, 7]" in f for f in res.failures), (
+        res.failures
+    )
 
 
 def test_wrong_token_fails_clearly_without_leaking_it(pve: PveDouble, gpu_dev: Path, tmp_path: Path) -> None:
     secret = "not-the-secret-5d1c"
     res = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_api_token_secret=secret))
     assert res.rc != 0
-    assert any("rejected API token 'root@pam!ansible'" in f and "401" in f for f in res.failures), res.failures
+    assert any("rejected API token 'root@pam!ansible'" in f and "401" in f for f in res.failures), (
+        res.failures
+    )
     assert secret not in res.output
 
 
@@ -174,15 +195,23 @@ def test_double_rejects_what_the_real_api_rejects(pve: PveDouble) -> None:
     from proxmoxer import ProxmoxAPI
     from proxmoxer.core import ResourceException
 
-    api = ProxmoxAPI("127.0.0.1", port=pve.port, user="root@pam", token_name="ansible",
-                     token_value=pve.token.rpartition("=")[2], verify_ssl=str(pve.ca))
+    api = ProxmoxAPI(
+        "127.0.0.1",
+        port=pve.port,
+        user="root@pam",
+        token_name="ansible",
+        token_value=pve.token.rpartition("=")[2],
+        verify_ssl=str(pve.ca),
+    )
     with pytest.raises(ResourceException) as err:
         api.nodes("pve1").lxc.post(vmid=300, ostemplate="local:vztmpl/none.tar.zst", colour="red")
     assert err.value.status_code == 400 and "colour" in str(err.value.errors)
     with pytest.raises(ResourceException) as err:
         api.nodes("pve1").lxc.post(vmid=300, ostemplate="local:vztmpl/none.tar.zst")
     assert err.value.status_code == 500 and "does not exist" in str(err.value)
-    upid = api.nodes("pve1").aplinfo.post(storage="local", template="debian-12-standard_12.12-1_amd64.tar.zst")
+    upid = api.nodes("pve1").aplinfo.post(
+        storage="local", template="debian-12-standard_12.12-1_amd64.tar.zst"
+    )
     assert upid.startswith("UPID:pve1:") and ":download:" in upid
     assert api.nodes("pve1").tasks(upid).status.get()["status"] in {"running", "stopped"}
     state = json.loads(pve.state_path.read_text())

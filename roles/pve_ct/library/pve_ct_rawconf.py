@@ -114,6 +114,7 @@ def main():
             caps=dict(type="bool", default=True),
             modeset=dict(type="bool", default=False),
             state=dict(type="str", default="present", choices=["present", "absent"]),
+            state_dir=dict(type="path", default="/var/lib/pve_ct"),
         ),
         supports_check_mode=True,
     )
@@ -149,12 +150,12 @@ def main():
     after = place(before, lines, previous)
     changed = after != before
     if changed and not module.check_mode:
-        os.makedirs(p["state_dir"], mode=0o700, exist_ok=True)
-        with open(record, "w") as fh:
-            json.dump({"path": p["path"], "lines": lines or [], "majors": majors}, fh)
         # Written in place: /etc/pve is pmxcfs, which makes each write atomic and has no chmod.
         with open(p["path"], "w") as fh:
             fh.write(after)
+        os.makedirs(p["state_dir"], mode=0o700, exist_ok=True)
+        with open(record, "w") as fh:
+            json.dump({"path": p["path"], "lines": lines or [], "majors": majors}, fh)
     module.exit_json(
         changed=changed,
         lines=lines or [],
