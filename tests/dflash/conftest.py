@@ -2,7 +2,6 @@
 run configs. Everything is built here; nothing is downloaded."""
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from dflash_factory import random_rows, write_shards
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,47 +26,13 @@ def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_target(tmp_path_factory.mktemp("tiny") / "target", vocab_size=512)
 
 
-def write_shards(directory: Path, rows: Sequence[tuple[list[int], list[int]]], *, doctor_passed: bool = True
-                 ) -> Path:
-    """Prepared shards as trainer/data writes them (ShardWriter + manifest), with a doctor verdict.
-
-    The doctor itself is trainer/data's; here its verdict is recorded directly (bound to the shard
-    digest exactly like prepare does) so the tests control pass/refuse.
-    """
-    from trainer.data.shards import FORMAT_VERSION, MANIFEST, ShardWriter, data_digest, write_json_atomic
-
-    w = ShardWriter(directory)
-    for i, (ids, mask) in enumerate(rows):
-        w.add(ids, mask, f"s{i}", 0)
-    shards = w.close()
-    manifest = {
-        "format": FORMAT_VERSION,
-        "counts": {"rows": len(rows)},
-        "shards": shards,
-        "doctor": {"passed": doctor_passed, "data_digest": data_digest(shards),
-                   "reasons": [] if doctor_passed else ["87% of samples have loss_mask sum 6"]},
-    }
-    write_json_atomic(directory / MANIFEST, manifest)
-    return directory
-
-
-def random_rows(n: int, length: int, vocab: int = 500, seed: int = 0, prompt: int = 0
-                ) -> list[tuple[list[int], list[int]]]:
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        ln = length - (i % 3) * 4
-        ids = [rng.randrange(vocab) for _ in range(ln)]
-        rows.append((ids, [0] * prompt + [1] * (ln - prompt)))
-    return rows
-
-
 @pytest.fixture
 def make_run(tmp_path: Path, tiny_target_dir: Path) -> Callable[..., Path]:
     """Write a run config (files/runs/overfit.yml or a dict) into tmp, with target/run_dir/shards set."""
 
-    def make(base: str | dict[str, Any] = "overfit", *, rows: Sequence[tuple[list[int], list[int]]] | None = None,
-             doctor_passed: bool = True, **sections: dict[str, Any]) -> Path:
+    def make(base: str | dict[str, Any] = "overfit", *,
+             rows: Sequence[tuple[list[int], list[int]]] | None = None, doctor_passed: bool = True,
+             **sections: dict[str, Any]) -> Path:
         data = (yaml.safe_load((REPO / "files/runs" / f"{base}.yml").read_text()) if isinstance(base, str)
                 else dict(base))
         data["target"] = {**data.get("target", {}), "path": str(tiny_target_dir)}
