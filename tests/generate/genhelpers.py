@@ -112,6 +112,7 @@ def write_run(tmp: Path, prompts: Path, endpoints: list[str], **generate: Any) -
     s3 = data["generate"].pop("s3", None)
     if s3:
         data["s3"] = s3
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "run.yml"
     path.write_text(yaml.safe_dump(data))
     return path

@@ -195,14 +195,14 @@ def test_a_new_node_resumes_from_s3_without_redoing_work(tmp_path: Path, sglang:
     s3.create_bucket(Bucket=bucket)
     s3cfg = {"bucket": bucket, "prefix": "p", "endpoint_url": s3_server.endpoint_url}
     first = sglang(*FAST)
-    write_prompts(tmp_path / "part.jsonl", 300)
+    write_prompts(tmp_path / "part.jsonl", 150)
     rc, _ = run_stage(write_run(tmp_path / "node1", tmp_path / "part.jsonl", [first.url], s3=s3cfg))
-    assert rc == 0 and first.stats()["served"] == 300
+    assert rc == 0 and first.stats()["served"] == 150
     second = sglang(*FAST)
-    expected = write_prompts(tmp_path / "all.jsonl", 500)  # same ids and prompts, 200 more
+    expected = write_prompts(tmp_path / "all.jsonl", 250)  # same ids and prompts, 100 more
     rc, summary = run_stage(write_run(tmp_path / "node2", tmp_path / "all.jsonl", [second.url], s3=s3cfg))
     assert rc == 0
-    assert second.stats()["served"] == 200 and summary["skipped_done"] == 300
+    assert second.stats()["served"] == 100 and summary["skipped_done"] == 150
     check_output(tmp_path / "node2" / "run" / "generated", expected)
 
 
