@@ -29,7 +29,8 @@ bindeb-pkg:
 \t@test ! -e FAIL || { echo 'drivers/x.c:3:1: error: boom' >&2; echo 'make[1]: *** [x] Error 1' >&2; exit 2; }
 \ttouch ../linux-image-6.12.99$(LOCALVERSION)_1_amd64.deb ../linux-headers-6.12.99$(LOCALVERSION)_1_amd64.deb
 """
-MERGE = '#!/bin/sh\n# stand-in for merge_config.sh -m BASE FRAGMENT: append\ncat "$3" >> "$2"\n'
+MERGE = '#!/bin/sh\n# stand-in for merge_config.sh -m BASE FRAGMENT...: append, then olddefconfig drops\n' \
+    'base=$2; shift 2; cat "$@" >> "$base"; sed -i "/^CONFIG_SYSTEM_TRUSTED_KEYS=/d" "$base"\n'
 
 
 def make_tree(tmp: Path, fail: bool = False) -> Path:
@@ -68,6 +69,8 @@ def run_script(
         kernel_keep_build_tree=False,
     )
     (root / f"fragment-{key}.config").write_text("\n".join(fragments) + "\n")
+    # Forced options that this base config does not have: merged, never required to survive.
+    (root / f"forced-{key}.config").write_text('CONFIG_SYSTEM_TRUSTED_KEYS=""\n')
     path = root / "build.sh"
     path.write_text(script)
     path.chmod(0o755)
@@ -90,14 +93,14 @@ def test_success_publishes_debs_release_and_config(tmp_path):
 def test_option_dropped_by_olddefconfig_is_refused_by_name(tmp_path):
     proc, cache = run_script(tmp_path, ["CONFIG_MODULES=y", "CONFIG_NEEDS_MISSING_DEP=y"])
     assert proc.returncode == 1
-    assert "failed in step 'check-config CONFIG_NEEDS_MISSING_DEP'" in proc.stdout
+    assert "step 'check-config CONFIG_NEEDS_MISSING_DEP': kernel_config_fragments line" in proc.stdout
     assert not cache.exists(), "a refused config must not populate the cache"
 
 
 def test_option_that_must_be_unset_but_is_set_is_refused(tmp_path):
     proc, _ = run_script(tmp_path, ["# CONFIG_64BIT is not set"])
     assert proc.returncode == 1
-    assert "check-config CONFIG_64BIT" in proc.stdout
+    assert "check-config CONFIG_64BIT': kernel_config_fragments wants CONFIG_64BIT unset" in proc.stdout
 
 
 def test_failed_build_names_step_and_first_error_and_publishes_nothing(tmp_path):
@@ -105,7 +108,7 @@ def test_failed_build_names_step_and_first_error_and_publishes_nothing(tmp_path)
     assert proc.returncode == 1
     out = proc.stdout.strip()
     assert "failed in step 'bindeb-pkg'" in out
-    assert "first error: drivers/x.c:3:1: error: boom;" in out
+    assert "failed in step 'bindeb-pkg': drivers/x.c:3:1: error: boom;" in out
     assert out.endswith("build-abc-def.log")
     assert not cache.exists()
 
