@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""STAND-IN for `python -m sglang.launch_server` (test/lab mode of role sglang). It is not SGLang.
+
+SGLang cannot serve on a CPU-only machine, so in `sglang_mode: standin` the unit `sglang@.service` runs
+this wrapper instead. It accepts SGLang's launch_server arguments (the unit's command line is the same
+in both modes), maps the ones the SGLang double understands and execs the double
+(`sglang_server.py`, copied next to this file by the role). Arguments the double has no use for
+(--tp-size, --mem-fraction-static, ...) are accepted and ignored.
+
+Test switch: `--standin-never-healthy` serves 503 on every path forever, so the role's readiness
+timeout (and its message naming the instance + journal tail) can be tested.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+DOUBLE = Path(__file__).with_name("sglang_server.py")
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description="stand-in for sglang.launch_server (runs the SGLang double)")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--served-model-name", default="")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--api-key", default="")
+    p.add_argument("--reasoning-parser", default="")
+    p.add_argument("--context-length", type=int, default=0)
+    p.add_argument("--max-running-requests", type=int, default=0)
+    p.add_argument("--standin-never-healthy", action="store_true")
+    return p.parse_known_args(argv)
+
+
+def double_argv(a: argparse.Namespace) -> list[str]:
+    """The SGLang double's command line for these launch_server arguments."""
+    argv = [sys.executable, str(DOUBLE), "--host", a.host, "--port", str(a.port),
+            "--model", a.served_model_name or a.model_path]
+    if a.api_key:
+        argv += ["--api-key", a.api_key]
+    if a.reasoning_parser:
+        argv += ["--reasoning-parser", a.reasoning_parser]
+    if a.context_length:
+        argv += ["--context-length", str(a.context_length)]
+    if a.max_running_requests:
+        argv += ["--max-running", str(a.max_running_requests)]
+    return argv
+
+
+class Unhealthy(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        sys.stderr.write(f"standin (never healthy): {fmt % args}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, ignored = parse(sys.argv[1:] if argv is None else argv)
+    if ignored:
+        sys.stderr.write(f"sglang stand-in: ignoring SGLang-only arguments {' '.join(ignored)}\n")
+    if args.standin_never_healthy:
+        sys.stderr.write(f"sglang stand-in: port {args.port} will never become healthy (test switch)\n")
+        sys.stderr.flush()
+        HTTPServer((args.host, args.port), Unhealthy).serve_forever()
+        return 1
+    if not DOUBLE.is_file():
+        sys.stderr.write(f"sglang stand-in: {DOUBLE} is missing (role sglang copies it in standin mode)\n")
+        return 2
+    argv_ = double_argv(args)
+    sys.stderr.flush()
+    os.execv(argv_[0], argv_)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

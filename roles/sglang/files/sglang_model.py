@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Fetch a model directory for SGLang and verify it by file list and size (role sglang).
+
+    sglang_model.py fetch SOURCE DEST      # SOURCE: /local/path | s3://bucket/prefix | hf://org/name[@rev]
+    sglang_model.py verify DEST            # exit 0 when DEST matches its manifest, 1 with the reason
+
+A fetch copies every file, then writes DEST/.sglang-model.json (source + {relative path: size}).
+`verify` checks that manifest against the disk (every file present with its size, nothing listed
+missing) and, when the model has a `model.safetensors.index.json`, that every shard it names is there
+and that the shards hold at least the index's `metadata.total_size` bytes. Standard library only, except
+boto3 (S3 sources) and huggingface_hub (hf:// sources), imported when used. S3 credentials come from the
+environment (AWS_*, and S3_ENDPOINT_URL for non-AWS endpoints); the HF token from HF_TOKEN.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+MANIFEST = ".sglang-model.json"
+INDEX = "model.safetensors.index.json"
+REQUIRED = ("config.json",)
+
+
+class ModelError(RuntimeError):
+    """A model directory that cannot be used; the message names the file at fault."""
+
+
+def scan(root: Path) -> dict[str, int]:
+    """{relative path: size} of every regular file under root, the manifest and partial files excluded."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and rel != MANIFEST and not rel.endswith(".part") and not rel.startswith(".cache/"):
+            out[rel] = p.stat().st_size
+    return out
+
+
+def check_shards(root: Path, files: dict[str, int]) -> None:
+    for name in REQUIRED:
+        if name not in files:
+            raise ModelError(f"{root}: {name} is missing")
+    if INDEX not in files:
+        return
+    try:
+        index = json.loads((root / INDEX).read_text())
+        shards = sorted(set(index["weight_map"].values()))
+        total = int(index.get("metadata", {}).get("total_size", 0))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelError(f"{root / INDEX}: unreadable safetensors index ({e})") from e
+    missing = [s for s in shards if s not in files]
+    if missing:
+        raise ModelError(f"{root}: {len(missing)} shard(s) named in {INDEX} are missing: {', '.join(missing[:5])}")
+    have = sum(files[s] for s in shards)
+    if have < total:
+        raise ModelError(f"{root}: shards hold {have} bytes, fewer than the index's total_size {total}")
+
+
+def verify(root: Path) -> dict[str, int]:
+    """Check root against its manifest; return the manifest's file sizes."""
+    mpath = root / MANIFEST
+    if not mpath.is_file():
+        raise ModelError(f"{root}: no {MANIFEST} (never fetched, or the fetch did not finish)")
+    try:
+        listed = json.loads(mpath.read_text())["files"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"{mpath}: unreadable manifest ({e})") from e
+    disk = scan(root)
+    for rel, size in listed.items():
+        if rel not in disk:
+            raise ModelError(f"{root / rel}: listed in the manifest but missing")
+        if disk[rel] != size:
+            raise ModelError(f"{root / rel}: {disk[rel]} bytes on disk, manifest says {size}")
+    check_shards(root, listed)
+    return listed
+
+
+def _copy_local(src: Path, dest: Path) -> None:
+    if not src.is_dir():
+        raise ModelError(f"{src}: model source is not a directory")
+    for rel in scan(src):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, target.with_name(target.name + ".part"))
+        os.replace(target.with_name(target.name + ".part"), target)
+
+
+def _copy_s3(url: str, dest: Path, workers: int = 16) -> None:
+    try:
+        import boto3  # noqa: PLC0415 - only S3 sources need it
+    except ImportError as e:
+        raise ModelError(f"{url}: an s3:// model source needs boto3 in the fetching Python") from e
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    prefix = prefix.rstrip("/") + "/" if prefix else ""
+    s3 = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+    if not keys:
+        raise ModelError(f"{url}: no objects under this prefix")
+
+    def one(key: str) -> None:
+        target = dest / key[len(prefix):]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        s3.download_file(bucket, key, str(part))
+        os.replace(part, target)
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, keys))
+
+
+def _copy_hf(url: str, dest: Path) -> None:
+    try:
+        from huggingface_hub import snapshot_download  # noqa: PLC0415 - only hf:// sources need it
+    except ImportError as e:
+        raise ModelError(f"{url}: an hf:// model source needs huggingface_hub (in the SGLang venv)") from e
+    repo, _, rev = url[len("hf://"):].partition("@")
+    snapshot_download(repo_id=repo, revision=rev or None, local_dir=str(dest),
+                      token=os.environ.get("HF_TOKEN") or None)
+
+
+def fetch(source: str, dest: Path) -> dict[str, int]:
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / MANIFEST).unlink(missing_ok=True)
+    if source.startswith("s3://"):
+        _copy_s3(source, dest)
+    elif source.startswith("hf://"):
+        _copy_hf(source, dest)
+    elif source.startswith(("http://", "https://")):
+        raise ModelError(f"{source}: unsupported model source (use a path, s3://bucket/prefix or hf://org/name)")
+    else:
+        _copy_local(Path(source), dest)
+    files = scan(dest)
+    check_shards(dest, files)
+    tmp = dest / (MANIFEST + ".part")
+    tmp.write_text(json.dumps({"source": source, "files": files}, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, dest / MANIFEST)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fetch")
+    f.add_argument("source")
+    f.add_argument("dest", type=Path)
+    v = sub.add_parser("verify")
+    v.add_argument("dest", type=Path)
+    args = p.parse_args(argv)
+    try:
+        files = fetch(args.source, args.dest) if args.cmd == "fetch" else verify(args.dest)
+    except ModelError as e:
+        print(f"model: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"files": len(files), "bytes": sum(files.values())}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

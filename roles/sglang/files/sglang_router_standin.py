@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""STAND-IN for `python -m sglang_router.launch_router` (test/lab mode of role sglang). Not the router.
+
+The real router (sglang-router, a Rust wheel of ~30 MB plus aiohttp/fastapi/uvicorn) is what production
+runs. In `sglang_mode: standin` the unit `sglang-router.service` runs this stdlib-only round-robin proxy
+with the same arguments (--host, --port, --worker-urls, --policy, --api-key), so the unit, its ordering
+and the readiness check are exercised without installing it. /health answers 200 when at least one
+worker answers /health; requests are forwarded to the workers in turn, skipping those that fail to
+connect.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description="stand-in for sglang_router.launch_router (round-robin proxy)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--worker-urls", nargs="+", required=True)
+    p.add_argument("--policy", default="round_robin")
+    p.add_argument("--api-key", default="")
+    return p.parse_known_args(argv)
+
+
+class Router:
+    def __init__(self, workers: list[str], api_key: str) -> None:
+        self.workers = [w.rstrip("/") for w in workers]
+        self.api_key = api_key
+        self._cycle = itertools.cycle(range(len(self.workers)))
+        self._lock = threading.Lock()
+
+    def order(self) -> list[str]:
+        with self._lock:
+            start = next(self._cycle)
+        return self.workers[start:] + self.workers[:start]
+
+
+def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *args: object) -> None:
+            pass
+
+        def _reply(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _forward(self, method: str) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
+            if router.api_key and "Authorization" not in headers:
+                headers["Authorization"] = f"Bearer {router.api_key}"
+            last = "no worker"
+            for worker in router.order():
+                req = urllib.request.Request(worker + self.path, data=body, headers=headers, method=method)
+                try:
+                    with urllib.request.urlopen(req, timeout=3600) as r:
+                        self._reply(r.status, r.read(), r.headers.get("Content-Type", "application/json"))
+                        return
+                except urllib.error.HTTPError as e:
+                    self._reply(e.code, e.read(), e.headers.get("Content-Type", "application/json"))
+                    return
+                except OSError as e:
+                    last = f"{worker}: {e}"
+            self._reply(503, f'{{"error": "no worker reachable ({last})"}}'.encode())
+
+        def do_GET(self) -> None:
+            self._forward("GET")
+
+        def do_POST(self) -> None:
+            self._forward("POST")
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, ignored = parse(sys.argv[1:] if argv is None else argv)
+    if ignored:
+        sys.stderr.write(f"router stand-in: ignoring router-only arguments {' '.join(ignored)}\n")
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(Router(args.worker_urls, args.api_key)))
+    server.daemon_threads = True
+    sys.stderr.write(f"router stand-in on http://{args.host}:{args.port} -> {' '.join(args.worker_urls)}\n")
+    sys.stderr.flush()
+    server.serve_forever(poll_interval=0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Block until http://HOST:PORT/PATH answers 200 (ExecStartPost of sglang@.service and the router).
+
+    sglang_wait_ready.py HOST PORT [--path /health] [--timeout S]
+
+With it, systemd reports an instance `active` only once it serves, so the router (ordered after the
+instances) and `TimeoutStartSec` mean what they say. Exits 1 with the last error after --timeout.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("host")
+    p.add_argument("port", type=int)
+    p.add_argument("--path", default="/health")
+    p.add_argument("--timeout", type=float, default=1800.0)
+    a = p.parse_args(argv)
+    host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
+    url = f"http://{host}:{a.port}{a.path}"
+    deadline, last = time.monotonic() + a.timeout, "no answer yet"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                if r.status == 200:
+                    return 0
+                last = f"HTTP {r.status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}"
+        except OSError as e:
+            last = str(e)
+        time.sleep(1.0)
+    print(f"{url} not ready after {a.timeout:.0f} s: {last}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
