@@ -133,7 +133,7 @@ class Generator:
 
     async def _call(self, ep: Endpoint, work: Work) -> None:
         try:
-            r = await ep.client.post("/v1/chat/completions", json=self._body(work))
+            r = await ep.post("/v1/chat/completions", self._body(work))
         except httpx.TimeoutException as e:
             ep.errors += 1
             self._requeue(work)
