@@ -168,4 +168,5 @@ class PveDouble:
             "pve_ct_api_ca_path": str(self.ca),
             "pve_ct_node": "pve1",
             "pve_ct_pve_dir": str(self.pve_dir),
+            "pve_ct_python_packages": [],  # proxmoxer is in the test venv
         }
