@@ -1,0 +1,231 @@
+"""Python helpers of role sglang, run here as the units run them.
+
+The stand-ins wrap the SGLang double (tests/doubles/sglang_server.py), because SGLang cannot serve on CPU;
+the router stand-in replaces the Rust sglang-router in test/lab mode. The model helper is exercised on
+local directories and on a real S3 endpoint on loopback (moto's server, `s3_server` fixture); hf://
+sources need the hub, which no test may reach, so only their error path (no huggingface_hub) is tested.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = ROOT / "roles" / "sglang" / "files"
+DOUBLE = ROOT / "tests" / "doubles" / "sglang_server.py"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, FILES / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _post(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status, json.loads(r.read())
+
+
+def _wait(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if _get(url)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer 200 within {timeout}s")
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def _launch_standin(tmp_path: Path, port: int, *extra: str) -> subprocess.Popen:
+    """The wrapper as the unit runs it: next to a copy of the double, with SGLang's arguments."""
+    d = tmp_path / "standin"
+    d.mkdir(exist_ok=True)
+    for src in (FILES / "sglang_launch_standin.py", DOUBLE):
+        (d / src.name).write_bytes(src.read_bytes())
+    argv = [sys.executable, str(d / "sglang_launch_standin.py"), "--model-path", "/models/Qwen3.6-27B",
+            "--served-model-name", "tiny-qwen", "--host", "127.0.0.1", "--port", str(port), "--tp-size", "1",
+            "--mem-fraction-static", "0.85", "--reasoning-parser", "qwen3", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def test_launch_standin_takes_sglang_arguments_and_serves_the_double(tmp_path: Path, procs: list) -> None:
+    port = _port()
+    procs.append(_launch_standin(tmp_path, port, "--api-key", "k1"))
+    _wait(f"http://127.0.0.1:{port}/health")
+    assert _get(f"http://127.0.0.1:{port}/v1/models")[0] == 401, "--api-key was not passed to the double"
+    status, body = _post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                         {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400},
+                         {"Authorization": "Bearer k1"})
+    assert status == 200
+    assert body["model"] == "tiny-qwen"
+    msg = body["choices"][0]["message"]
+    assert msg["reasoning_content"].startswith("Thinking "), "--reasoning-parser qwen3 was not passed on"
+    info = json.loads(_get(f"http://127.0.0.1:{port}/get_model_info", {"Authorization": "Bearer k1"})[1])
+    assert info["model_path"] == "tiny-qwen"
+
+
+def test_launch_standin_never_healthy_switch(tmp_path: Path, procs: list) -> None:
+    port = _port()
+    procs.append(_launch_standin(tmp_path, port, "--standin-never-healthy"))
+    deadline = time.monotonic() + 20
+    status = None
+    while time.monotonic() < deadline:
+        try:
+            status = _get(f"http://127.0.0.1:{port}/health")[0]
+            break
+        except OSError:
+            time.sleep(0.1)
+    assert status == 503
+    assert _get(f"http://127.0.0.1:{port}/health_generate")[0] == 503
+
+
+def test_router_standin_spreads_requests_and_fails_over(tmp_path: Path, procs: list) -> None:
+    ports = [_port(), _port()]
+    for p in ports:
+        procs.append(subprocess.Popen([sys.executable, str(DOUBLE), "--port", str(p), "--model", "m"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    rport = _port()
+    router = subprocess.Popen([sys.executable, str(FILES / "sglang_router_standin.py"), "--host", "127.0.0.1",
+                               "--port", str(rport), "--policy", "cache_aware", "--worker-urls",
+                               *[f"http://127.0.0.1:{p}" for p in ports]],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(router)
+    for p in [*ports, rport]:
+        _wait(f"http://127.0.0.1:{p}/health")
+    for i in range(6):
+        status, body = _post(f"http://127.0.0.1:{rport}/v1/chat/completions",
+                             {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]})
+        assert status == 200 and body["choices"][0]["message"]["content"]
+    served = [json.loads(_get(f"http://127.0.0.1:{p}/double/stats")[1])["served"] for p in ports]
+    assert sum(served) == 6 and min(served) >= 2, f"router did not spread the load: {served}"
+    procs[0].terminate()
+    procs[0].wait(timeout=10)
+    for i in range(3):
+        assert _post(f"http://127.0.0.1:{rport}/v1/chat/completions",
+                     {"model": "m", "messages": [{"role": "user", "content": f"after {i}"}]})[0] == 200
+
+
+def test_wait_ready_names_the_url_on_timeout() -> None:
+    port = _port()
+    r = subprocess.run([sys.executable, str(FILES / "sglang_wait_ready.py"), "0.0.0.0", str(port), "--timeout", "1.5"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert f"http://127.0.0.1:{port}/health not ready after 2 s" in r.stderr
+
+
+def _model(root: Path, shard_bytes: int = 16, total: int = 20) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text('{"model_type": "qwen3"}')
+    (root / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}))
+    (root / "s1.safetensors").write_bytes(b"x" * shard_bytes)
+    (root / "s2.safetensors").write_bytes(b"y" * shard_bytes)
+    (root / "sub").mkdir()
+    (root / "sub" / "tokenizer.json").write_text("{}")
+    return root
+
+
+def test_model_fetch_local_then_verify_detects_truncation(tmp_path: Path) -> None:
+    m = _load("sglang_model")
+    src = _model(tmp_path / "src")
+    dest = tmp_path / "dest"
+    files = m.fetch(str(src), dest)
+    assert files == {"config.json": 23, "model.safetensors.index.json": files["model.safetensors.index.json"],
+                     "s1.safetensors": 16, "s2.safetensors": 16, "sub/tokenizer.json": 2}
+    assert m.verify(dest) == files
+    (dest / "s2.safetensors").write_bytes(b"y" * 5)
+    with pytest.raises(m.ModelError, match=r"s2.safetensors: 5 bytes on disk, manifest says 16"):
+        m.verify(dest)
+    (dest / "s2.safetensors").unlink()
+    with pytest.raises(m.ModelError, match="s2.safetensors: listed in the manifest but missing"):
+        m.verify(dest)
+
+
+def test_model_fetch_refuses_incomplete_models(tmp_path: Path) -> None:
+    m = _load("sglang_model")
+    src = _model(tmp_path / "src")
+    (src / "s2.safetensors").unlink()
+    with pytest.raises(m.ModelError, match="1 shard.*missing: s2.safetensors"):
+        m.fetch(str(src), tmp_path / "d1")
+    assert not (tmp_path / "d1" / ".sglang-model.json").exists(), "a failed fetch must leave no manifest"
+    small = _model(tmp_path / "small", shard_bytes=4, total=100)
+    with pytest.raises(m.ModelError, match="shards hold 8 bytes, fewer than the index's total_size 100"):
+        m.fetch(str(small), tmp_path / "d2")
+    with pytest.raises(m.ModelError, match="no .sglang-model.json"):
+        m.verify(tmp_path / "d2")
+    with pytest.raises(m.ModelError, match="unsupported model source"):
+        m.fetch("https://example.invalid/model", tmp_path / "d3")
+
+
+def test_model_fetch_cli_reports_errors_by_exit_code(tmp_path: Path) -> None:
+    src = _model(tmp_path / "src")
+    script = str(FILES / "sglang_model.py")
+    ok = subprocess.run([sys.executable, script, "fetch", str(src), str(tmp_path / "d")], capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == {"files": 5, "bytes": sum(
+        p.stat().st_size for p in src.rglob("*") if p.is_file())}
+    bad = subprocess.run([sys.executable, script, "verify", str(tmp_path / "nothing")], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "no .sglang-model.json" in bad.stderr
+
+
+def test_model_fetch_from_s3(tmp_path: Path, s3_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+
+    m = _load("sglang_model")
+    src = _model(tmp_path / "src")
+    s3 = boto3.client("s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1")
+    s3.create_bucket(Bucket="models")
+    for p in src.rglob("*"):
+        if p.is_file():
+            s3.upload_file(str(p), "models", f"qwen/tiny/{p.relative_to(src).as_posix()}")
+    s3.put_object(Bucket="models", Key="qwen/tiny-other/config.json", Body=b"{}")
+    monkeypatch.setenv("S3_ENDPOINT_URL", s3_server.endpoint_url)
+    files = m.fetch("s3://models/qwen/tiny", tmp_path / "dest")
+    assert sorted(files) == ["config.json", "model.safetensors.index.json", "s1.safetensors", "s2.safetensors",
+                             "sub/tokenizer.json"], "the prefix must not match qwen/tiny-other/"
+    assert m.verify(tmp_path / "dest") == files
+    with pytest.raises(m.ModelError, match="no objects under this prefix"):
+        m.fetch("s3://models/nothing-here", tmp_path / "empty")

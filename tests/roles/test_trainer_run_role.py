@@ -1,0 +1,130 @@
+"""Role trainer_run: its endpoint filter, the controller-side wheel build, and train.yml's refusal of an
+unknown run (a real ansible-playbook run: the refusal happens on the controller, before any connection,
+so the example inventory's unreachable hosts are never contacted)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from trainer.config import apply_overrides, from_dict
+from trainer.generate.config import GenerateConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "trainer_run"
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def flt() -> ModuleType:
+    return _load(ROLE / "filter_plugins" / "trainer_run.py")
+
+
+@pytest.fixture(scope="module")
+def wheel_tool() -> ModuleType:
+    return _load(ROLE / "files" / "trainer_wheel.py")
+
+
+def test_endpoints_one_per_instance_from_inventory(flt: ModuleType) -> None:
+    hostvars = {
+        "b200-1": {"ansible_host": "10.0.1.20", "sglang_gpu_count": 7, "sglang_base_port": 30000, "sglang_host": "0.0.0.0"},
+        "b200-2": {"ansible_host": "10.0.1.21", "sglang_gpu_count": 8, "sglang_tp_size": 4, "sglang_host": "10.9.0.2",
+                   "sglang_base_port": 31000},
+        "ct200": {},
+    }
+    urls = flt.sglang_endpoints(hostvars, ["b200-1", "b200-2"], "ct200")
+    assert urls == [f"http://10.0.1.20:{30000 + i}" for i in range(7)] + ["http://10.9.0.2:31000", "http://10.9.0.2:31001"]
+
+
+def test_endpoints_fall_back_to_the_router_and_refuse_unreachable_loopback(flt: ModuleType) -> None:
+    hv = {"n1": {"ansible_host": "n1.lab", "sglang_router_host": "0.0.0.0", "sglang_router_port": 8001}}
+    assert flt.sglang_endpoints(hv, ["n1"], "ct200") == ["http://n1.lab:8001"]
+    loop = {"n1": {"sglang_gpu_count": 2}}  # binds 127.0.0.1 by default
+    assert flt.sglang_endpoints(loop, ["n1"], "n1") == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+    with pytest.raises(flt.EndpointError, match="SGLang host n1 binds 127.0.0.1, which host ct200 cannot reach"):
+        flt.sglang_endpoints(loop, ["n1"], "ct200")
+    with pytest.raises(flt.EndpointError, match="router is off"):
+        flt.sglang_endpoints({"n1": {"sglang_router_enabled": False}}, ["n1"], "n1")
+
+
+def test_endpoint_override_goes_through_the_trainer_loader(flt: ModuleType) -> None:
+    """The exact --set string the unit passes must parse into GenerateConfig.endpoints."""
+    urls = ["http://10.0.1.20:30000", "http://b200-1.lab:30001", "https://b200.lab:8000/v1"]
+    override = flt.endpoints_override(urls)
+    assert " " not in override
+    data = apply_overrides({"generate": {"max_tokens": 16}}, [override])
+    cfg = from_dict(GenerateConfig, data["generate"], "generate")
+    assert cfg.endpoints == tuple(urls)
+    with pytest.raises(flt.EndpointError, match="cannot go into the unit's command line"):
+        flt.endpoints_override(["http://a:1/x y"])
+    with pytest.raises(flt.EndpointError, match="fd00::1"):  # IPv6 literals: use a host name
+        flt.endpoints_override(["http://[fd00::1]:30001"])
+
+
+def _project(root: Path) -> Path:
+    (root / "trainer" / "sub").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "trainer"\nversion = "0.0.1"\n[tool.setuptools.packages.find]\ninclude = ["trainer*"]\n')
+    (root / "trainer" / "__init__.py").write_text("")
+    (root / "trainer" / "sub" / "__init__.py").write_text("X = 1\n")
+    return root
+
+
+def test_digest_follows_the_sources_only(tmp_path: Path, wheel_tool: ModuleType) -> None:
+    src = _project(tmp_path / "p")
+    d0 = wheel_tool.digest(src)
+    (src / "trainer" / "__pycache__").mkdir()
+    (src / "trainer" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
+    (src / "notes.txt").write_text("not packaged")
+    assert wheel_tool.digest(src) == d0, "caches and unpackaged files must not change the digest"
+    (src / "trainer" / "sub" / "__init__.py").write_text("X = 2\n")
+    assert wheel_tool.digest(src) != d0
+    with pytest.raises(SystemExit, match="pyproject.toml not found"):
+        wheel_tool.digest(tmp_path)
+
+
+def test_build_wheel_of_this_repo_leaves_the_tree_clean(tmp_path: Path) -> None:
+    before = {p.name for p in ROOT.iterdir()}
+    r = subprocess.run([sys.executable, str(ROLE / "files" / "trainer_wheel.py"), "build", str(ROOT), str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    wheel = Path(__import__("json").loads(r.stdout)["wheel"])
+    assert wheel.name.startswith("trainer-") and wheel.suffix == ".whl"
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "trainer/cli.py" in names and "trainer/config.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "roles/"))]
+    assert {p.name for p in ROOT.iterdir()} - before == set(), "the build left files in the working tree"
+
+
+def _playbook(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    exe = shutil.which("ansible-playbook") or str(Path(sys.executable).with_name("ansible-playbook"))
+    return subprocess.run([exe, "train.yml", "-i", "inventory/example", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_train_playbook_refuses_an_unknown_run_and_lists_the_runs(tmp_path: Path) -> None:
+    for name in ("tiny", "qwen36-dflash"):
+        (tmp_path / f"{name}.yml").write_text(f"name: {name}\ntarget: {{path: /m}}\n")
+    (tmp_path / "README.md").write_text("not a run")
+    r = _playbook("-e", "run=nope", "-e", f"trainer_run_runs_dir={tmp_path}")
+    assert r.returncode != 0
+    out = " ".join((r.stdout + r.stderr).split())
+    assert f"run 'nope' does not exist: no nope.yml in {tmp_path}" in out, out[-2000:]
+    assert "runs that exist: qwen36-dflash, tiny" in out
+    assert "UNREACHABLE" not in out, "the refusal must come before any connection to the node"
