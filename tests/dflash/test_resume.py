@@ -56,7 +56,8 @@ def test_stop_and_resume_is_bit_exact(make_run, tmp_path: Path) -> None:
 def test_sigkill_then_resume_matches_uninterrupted(make_run, tmp_path: Path) -> None:
     """A real `kill -9` of `python -m trainer train` mid-run, then `--resume`."""
     rows = random_rows(6, 40, seed=2)
-    path = make_run(rows=rows, **RESUME_RUN, train={**RESUME_RUN["train"], "max_steps": 10, "save_every": 1})
+    run = {**RESUME_RUN, "train": {**RESUME_RUN["train"], "max_steps": 10, "save_every": 1}}
+    path = make_run(rows=rows, **run)
     cfg = load_run_config(path)
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", str(path)], env=env,

@@ -55,6 +55,7 @@ class StepOutput:
     metrics: dict[str, torch.Tensor]  # detached scalars / vectors
     matches: torch.Tensor  # [bs, N, B-1] bool (valid & draft == label)
     blocks: Blocks
+    labels_used: torch.Tensor | None = None  # [bs, N, B] the hard label of each slot (data or target argmax)
 
 
 def acceptance(matches: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -120,4 +121,4 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
         "blocks": torch.tensor(float(tau.numel()), device=dev),
         "tokens": torch.tensor(float(batch.num_tokens), device=dev),
     }
-    return StepOutput(loss, metrics, match, blocks)
+    return StepOutput(loss, metrics, match, blocks, grid(tl.label))

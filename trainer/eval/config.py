@@ -6,4 +6,13 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EvalConfig:
-    max_samples: int = 64
+    max_samples: int = 64  # rows of the eval shards to score
+    shards: str = ""  # "" = the run's data.shards (relative to the run dir, or absolute)
+    max_anchors: int = 64  # blocks per sample
+    seed: int = 1234  # anchor choice (fixed, so two checkpoints are scored on the same blocks)
+
+    def __post_init__(self) -> None:
+        if self.max_samples < 1:
+            raise ValueError(f"eval.max_samples must be >= 1, got {self.max_samples}")
+        if self.max_anchors < 1:
+            raise ValueError(f"eval.max_anchors must be >= 1, got {self.max_anchors}")
