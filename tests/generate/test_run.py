@@ -236,3 +236,14 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
         load_run_config(write_run(tmp_path, tmp_path / "p.jsonl", ["localhost:30000"]))
     with pytest.raises(ConfigError, match=r"generate\.prompts: .*missing\.jsonl does not exist"):
         stage(load_run_config(write_run(tmp_path, tmp_path / "missing.jsonl", ["http://127.0.0.1:1"])))
+
+
+def test_a_new_node_does_not_start_blind_while_s3_is_down(tmp_path: Path, caplog: Any) -> None:
+    from genhelpers import free_port
+
+    write_prompts(tmp_path / "p.jsonl", 5)
+    s3cfg = {"bucket": "b", "endpoint_url": f"http://127.0.0.1:{free_port()}"}
+    rc, _ = run_stage(write_run(tmp_path, tmp_path / "p.jsonl", ["http://127.0.0.1:1"], s3=s3cfg,
+                                all_down_timeout_s=0.5))
+    assert rc == 1 and "the local spool is empty; not starting blind" in caplog.text
+    assert not list((tmp_path / "run" / "generated").glob("part-*"))

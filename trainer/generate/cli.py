@@ -12,7 +12,9 @@ import argparse
 import json
 import logging
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 from trainer.cli import add_run_config_args, load_from_args
 from trainer.config import ConfigError, RunConfig
@@ -48,6 +50,30 @@ def local_prompts(cfg: RunConfig, out: Path) -> Path:
     return dest
 
 
+def adopt_remote(mirror: Any, timeout_s: float, backoff_s: float, backoff_max_s: float) -> int | None:
+    """Fetch the progress on S3. While S3 is unreachable: a spool that has synced before knows what is
+    done (go on from it); an empty spool (a new node) must not guess, so it retries until `timeout_s`
+    and then gives up (None) rather than regenerate ids that S3 may already hold."""
+    deadline = time.monotonic() + timeout_s
+    delay = backoff_s
+    while True:
+        try:
+            return int(mirror.adopt_remote())
+        except Exception as e:  # any S3/network error
+            why = f"{type(e).__name__}: {e}"
+            if mirror.store.shards:
+                log.warning("generate: cannot read the progress on %s (%s); resuming from the local spool",
+                            mirror.url(), why)
+                return 0
+            if time.monotonic() + delay > deadline:
+                log.error("generate: cannot read the progress on %s (%s) and the local spool is empty; "
+                          "not starting blind (generate.all_down_timeout_s)", mirror.url(), why)
+                return None
+            log.warning("generate: S3 %s unreachable (%s); retry in %.0fs", mirror.url(), why, delay)
+            time.sleep(delay)
+            delay = min(backoff_max_s, 2 * delay)
+
+
 def stage(cfg: RunConfig) -> int:
     import asyncio
 
@@ -72,14 +98,11 @@ def stage(cfg: RunConfig) -> int:
         mirror = S3Mirror(make_client(cfg.s3), cfg.s3.bucket, join_key(cfg.s3.prefix, g.output), store,
                           backoff_initial_s=g.backoff_initial_s, backoff_max_s=g.backoff_max_s,
                           concurrency=cfg.s3.concurrency)
-        try:
-            fetched = mirror.adopt_remote()
-        except Exception as e:  # S3 down at start: the local spool still knows what is done
-            log.warning("generate: cannot read the progress on %s (%s: %s); resuming from the local spool",
-                        mirror.url(), type(e).__name__, e)
-        else:
-            if fetched:
-                log.info("generate: %d shards done elsewhere fetched from %s", fetched, mirror.url())
+        fetched = adopt_remote(mirror, g.all_down_timeout_s, g.backoff_initial_s, g.backoff_max_s)
+        if fetched is None:
+            return 1
+        if fetched:
+            log.info("generate: %d shards done elsewhere fetched from %s", fetched, mirror.url())
     try:
         files = prompt_files(local_prompts(cfg, out))
     except FileNotFoundError as e:
