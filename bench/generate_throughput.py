@@ -113,7 +113,8 @@ def main() -> int:
     print(f"endpoints {args.endpoints} x capacity {args.capacity} at {args.latency:.2f}s/request "
           f"-> theoretical {capacity:.1f} completions/s")
     print(f"completions      {n} in {elapsed:.2f}s (ideal {ideal:.2f}s)")
-    print(f"achieved         {n / elapsed:.1f} completions/s = {100 * n / elapsed / capacity:.2f}% of capacity")
+    share = 100 * n / elapsed / capacity
+    print(f"achieved         {n / elapsed:.1f} completions/s = {share:.2f}% of capacity")
     print(f"client CPU       {cpu:.2f}s = {1000 * cpu / n:.2f} CPU-s per 1,000 completions")
     return 0
 
