@@ -5,6 +5,7 @@ the router stand-in replaces the Rust sglang-router in test/lab mode. The model 
 local directories and on a real S3 endpoint on loopback (moto's server, `s3_server` fixture); hf://
 sources need the hub, which no test may reach, so only their error path (no huggingface_hub) is tested.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -50,8 +51,12 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
 
 
 def _post(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return r.status, json.loads(r.read())
 
@@ -83,9 +88,25 @@ def _launch_standin(tmp_path: Path, port: int, *extra: str) -> subprocess.Popen:
     d.mkdir(exist_ok=True)
     for src in (FILES / "sglang_launch_standin.py", DOUBLE):
         (d / src.name).write_bytes(src.read_bytes())
-    argv = [sys.executable, str(d / "sglang_launch_standin.py"), "--model-path", "/models/Qwen3.6-27B",
-            "--served-model-name", "tiny-qwen", "--host", "127.0.0.1", "--port", str(port), "--tp-size", "1",
-            "--mem-fraction-static", "0.85", "--reasoning-parser", "qwen3", *extra]
+    argv = [
+        sys.executable,
+        str(d / "sglang_launch_standin.py"),
+        "--model-path",
+        "/models/Qwen3.6-27B",
+        "--served-model-name",
+        "tiny-qwen",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp-size",
+        "1",
+        "--mem-fraction-static",
+        "0.85",
+        "--reasoning-parser",
+        "qwen3",
+        *extra,
+    ]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -94,9 +115,11 @@ def test_launch_standin_takes_sglang_arguments_and_serves_the_double(tmp_path: P
     procs.append(_launch_standin(tmp_path, port, "--api-key", "k1"))
     _wait(f"http://127.0.0.1:{port}/health")
     assert _get(f"http://127.0.0.1:{port}/v1/models")[0] == 401, "--api-key was not passed to the double"
-    status, body = _post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                         {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400},
-                         {"Authorization": "Bearer k1"})
+    status, body = _post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400},
+        {"Authorization": "Bearer k1"},
+    )
     assert status == 200
     assert body["model"] == "tiny-qwen"
     msg = body["choices"][0]["message"]
@@ -123,33 +146,61 @@ def test_launch_standin_never_healthy_switch(tmp_path: Path, procs: list) -> Non
 def test_router_standin_spreads_requests_and_fails_over(tmp_path: Path, procs: list) -> None:
     ports = [_port(), _port()]
     for p in ports:
-        procs.append(subprocess.Popen([sys.executable, str(DOUBLE), "--port", str(p), "--model", "m"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(DOUBLE), "--port", str(p), "--model", "m"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
     rport = _port()
-    router = subprocess.Popen([sys.executable, str(FILES / "sglang_router_standin.py"), "--host", "127.0.0.1",
-                               "--port", str(rport), "--policy", "cache_aware", "--worker-urls",
-                               *[f"http://127.0.0.1:{p}" for p in ports]],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    router = subprocess.Popen(
+        [
+            sys.executable,
+            str(FILES / "sglang_router_standin.py"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(rport),
+            "--policy",
+            "cache_aware",
+            "--worker-urls",
+            *[f"http://127.0.0.1:{p}" for p in ports],
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     procs.append(router)
     for p in [*ports, rport]:
         _wait(f"http://127.0.0.1:{p}/health")
     for i in range(6):
-        status, body = _post(f"http://127.0.0.1:{rport}/v1/chat/completions",
-                             {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]})
+        status, body = _post(
+            f"http://127.0.0.1:{rport}/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]},
+        )
         assert status == 200 and body["choices"][0]["message"]["content"]
     served = [json.loads(_get(f"http://127.0.0.1:{p}/double/stats")[1])["served"] for p in ports]
     assert sum(served) == 6 and min(served) >= 2, f"router did not spread the load: {served}"
     procs[0].terminate()
     procs[0].wait(timeout=10)
     for i in range(3):
-        assert _post(f"http://127.0.0.1:{rport}/v1/chat/completions",
-                     {"model": "m", "messages": [{"role": "user", "content": f"after {i}"}]})[0] == 200
+        assert (
+            _post(
+                f"http://127.0.0.1:{rport}/v1/chat/completions",
+                {"model": "m", "messages": [{"role": "user", "content": f"after {i}"}]},
+            )[0]
+            == 200
+        )
 
 
 def test_wait_ready_names_the_url_on_timeout() -> None:
     port = _port()
-    r = subprocess.run([sys.executable, str(FILES / "sglang_wait_ready.py"), "0.0.0.0", str(port), "--timeout", "1.5"],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, str(FILES / "sglang_wait_ready.py"), "0.0.0.0", str(port), "--timeout", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1
     assert f"http://127.0.0.1:{port}/health not ready after 2 s" in r.stderr
 
@@ -157,8 +208,11 @@ def test_wait_ready_names_the_url_on_timeout() -> None:
 def _model(root: Path, shard_bytes: int = 16, total: int = 20) -> Path:
     root.mkdir(parents=True)
     (root / "config.json").write_text('{"model_type": "qwen3"}')
-    (root / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}))
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}
+        )
+    )
     (root / "s1.safetensors").write_bytes(b"x" * shard_bytes)
     (root / "s2.safetensors").write_bytes(b"y" * shard_bytes)
     (root / "sub").mkdir()
@@ -171,14 +225,19 @@ def test_model_fetch_local_then_verify_detects_truncation(tmp_path: Path) -> Non
     src = _model(tmp_path / "src")
     dest = tmp_path / "dest"
     files = m.fetch(str(src), dest)
-    assert files == {"config.json": 23, "model.safetensors.index.json": files["model.safetensors.index.json"],
-                     "s1.safetensors": 16, "s2.safetensors": 16, "sub/tokenizer.json": 2}
+    assert files == {
+        "config.json": 23,
+        "model.safetensors.index.json": files["model.safetensors.index.json"],
+        "s1.safetensors": 16,
+        "s2.safetensors": 16,
+        "sub/tokenizer.json": 2,
+    }
     assert m.verify(dest) == files
     (dest / "s2.safetensors").write_bytes(b"y" * 5)
     with pytest.raises(m.ModelError, match=r"s2.safetensors: 5 bytes on disk, manifest says 16"):
         m.verify(dest)
     (dest / "s2.safetensors").unlink()
-    with pytest.raises(m.ModelError, match="s2.safetensors: listed in the manifest but missing"):
+    with pytest.raises(m.ModelError, match=r"s2\.safetensors: listed in the manifest but missing"):
         m.verify(dest)
 
 
@@ -186,13 +245,13 @@ def test_model_fetch_refuses_incomplete_models(tmp_path: Path) -> None:
     m = _load("sglang_model")
     src = _model(tmp_path / "src")
     (src / "s2.safetensors").unlink()
-    with pytest.raises(m.ModelError, match="1 shard.*missing: s2.safetensors"):
+    with pytest.raises(m.ModelError, match=r"1 shard.*missing: s2\.safetensors"):
         m.fetch(str(src), tmp_path / "d1")
     assert not (tmp_path / "d1" / ".sglang-model.json").exists(), "a failed fetch must leave no manifest"
     small = _model(tmp_path / "small", shard_bytes=4, total=100)
     with pytest.raises(m.ModelError, match="shards hold 8 bytes, fewer than the index's total_size 100"):
         m.fetch(str(small), tmp_path / "d2")
-    with pytest.raises(m.ModelError, match="no .sglang-model.json"):
+    with pytest.raises(m.ModelError, match=r"no \.sglang-model\.json"):
         m.verify(tmp_path / "d2")
     with pytest.raises(m.ModelError, match="unsupported model source"):
         m.fetch("https://example.invalid/model", tmp_path / "d3")
@@ -201,13 +260,23 @@ def test_model_fetch_refuses_incomplete_models(tmp_path: Path) -> None:
 def test_model_fetch_cli_reports_errors_by_exit_code(tmp_path: Path) -> None:
     src = _model(tmp_path / "src")
     script = str(FILES / "sglang_model.py")
-    ok = subprocess.run([sys.executable, script, "fetch", str(src), str(tmp_path / "d")], capture_output=True,
-                        text=True, timeout=60)
+    ok = subprocess.run(
+        [sys.executable, script, "fetch", str(src), str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
-    assert json.loads(ok.stdout) == {"files": 5, "bytes": sum(
-        p.stat().st_size for p in src.rglob("*") if p.is_file())}
-    bad = subprocess.run([sys.executable, script, "verify", str(tmp_path / "nothing")], capture_output=True,
-                         text=True, timeout=60)
+    assert json.loads(ok.stdout) == {
+        "files": 5,
+        "bytes": sum(p.stat().st_size for p in src.rglob("*") if p.is_file()),
+    }
+    bad = subprocess.run(
+        [sys.executable, script, "verify", str(tmp_path / "nothing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1 and "no .sglang-model.json" in bad.stderr
 
 
@@ -224,8 +293,13 @@ def test_model_fetch_from_s3(tmp_path: Path, s3_server, monkeypatch: pytest.Monk
     s3.put_object(Bucket="models", Key="qwen/tiny-other/config.json", Body=b"{}")
     monkeypatch.setenv("S3_ENDPOINT_URL", s3_server.endpoint_url)
     files = m.fetch("s3://models/qwen/tiny", tmp_path / "dest")
-    assert sorted(files) == ["config.json", "model.safetensors.index.json", "s1.safetensors", "s2.safetensors",
-                             "sub/tokenizer.json"], "the prefix must not match qwen/tiny-other/"
+    assert sorted(files) == [
+        "config.json",
+        "model.safetensors.index.json",
+        "s1.safetensors",
+        "s2.safetensors",
+        "sub/tokenizer.json",
+    ], "the prefix must not match qwen/tiny-other/"
     assert m.verify(tmp_path / "dest") == files
     with pytest.raises(m.ModelError, match="no objects under this prefix"):
         m.fetch("s3://models/nothing-here", tmp_path / "empty")

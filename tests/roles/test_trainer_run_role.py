@@ -1,6 +1,7 @@
 """Role trainer_run: its endpoint filter, the controller-side wheel build, and train.yml's refusal of an
 unknown run (a real ansible-playbook run: the refusal happens on the controller, before any connection,
 so the example inventory's unreachable hosts are never contacted)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,13 +42,26 @@ def wheel_tool() -> ModuleType:
 
 def test_endpoints_one_per_instance_from_inventory(flt: ModuleType) -> None:
     hostvars = {
-        "b200-1": {"ansible_host": "10.0.1.20", "sglang_gpu_count": 7, "sglang_base_port": 30000, "sglang_host": "0.0.0.0"},
-        "b200-2": {"ansible_host": "10.0.1.21", "sglang_gpu_count": 8, "sglang_tp_size": 4, "sglang_host": "10.9.0.2",
-                   "sglang_base_port": 31000},
+        "b200-1": {
+            "ansible_host": "10.0.1.20",
+            "sglang_gpu_count": 7,
+            "sglang_base_port": 30000,
+            "sglang_host": "0.0.0.0",
+        },
+        "b200-2": {
+            "ansible_host": "10.0.1.21",
+            "sglang_gpu_count": 8,
+            "sglang_tp_size": 4,
+            "sglang_host": "10.9.0.2",
+            "sglang_base_port": 31000,
+        },
         "ct200": {},
     }
     urls = flt.sglang_endpoints(hostvars, ["b200-1", "b200-2"], "ct200")
-    assert urls == [f"http://10.0.1.20:{30000 + i}" for i in range(7)] + ["http://10.9.0.2:31000", "http://10.9.0.2:31001"]
+    assert urls == [f"http://10.0.1.20:{30000 + i}" for i in range(7)] + [
+        "http://10.9.0.2:31000",
+        "http://10.9.0.2:31001",
+    ]
 
 
 def test_endpoints_fall_back_to_the_router_and_refuse_unreachable_loopback(flt: ModuleType) -> None:
@@ -55,7 +69,9 @@ def test_endpoints_fall_back_to_the_router_and_refuse_unreachable_loopback(flt: 
     assert flt.sglang_endpoints(hv, ["n1"], "ct200") == ["http://n1.lab:8001"]
     loop = {"n1": {"sglang_gpu_count": 2}}  # binds 127.0.0.1 by default
     assert flt.sglang_endpoints(loop, ["n1"], "n1") == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
-    with pytest.raises(flt.EndpointError, match="SGLang host n1 binds 127.0.0.1, which host ct200 cannot reach"):
+    with pytest.raises(
+        flt.EndpointError, match=r"SGLang host n1 binds 127\.0\.0\.1, which host ct200 cannot reach"
+    ):
         flt.sglang_endpoints(loop, ["n1"], "ct200")
     with pytest.raises(flt.EndpointError, match="router is off"):
         flt.sglang_endpoints({"n1": {"sglang_router_enabled": False}}, ["n1"], "n1")
@@ -79,7 +95,9 @@ def _project(root: Path) -> Path:
     (root / "trainer" / "sub").mkdir(parents=True)
     (root / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "trainer"\nversion = "0.0.1"\n[tool.setuptools.packages.find]\ninclude = ["trainer*"]\n')
+        '[project]\nname = "trainer"\nversion = "0.0.1"\n'
+        '[tool.setuptools.packages.find]\ninclude = ["trainer*"]\n'
+    )
     (root / "trainer" / "__init__.py").write_text("")
     (root / "trainer" / "sub" / "__init__.py").write_text("X = 1\n")
     return root
@@ -94,14 +112,18 @@ def test_digest_follows_the_sources_only(tmp_path: Path, wheel_tool: ModuleType)
     assert wheel_tool.digest(src) == d0, "caches and unpackaged files must not change the digest"
     (src / "trainer" / "sub" / "__init__.py").write_text("X = 2\n")
     assert wheel_tool.digest(src) != d0
-    with pytest.raises(SystemExit, match="pyproject.toml not found"):
+    with pytest.raises(SystemExit, match=r"pyproject\.toml not found"):
         wheel_tool.digest(tmp_path)
 
 
 def test_build_wheel_of_this_repo_leaves_the_tree_clean(tmp_path: Path) -> None:
     before = {p.name for p in ROOT.iterdir()}
-    r = subprocess.run([sys.executable, str(ROLE / "files" / "trainer_wheel.py"), "build", str(ROOT), str(tmp_path)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROLE / "files" / "trainer_wheel.py"), "build", str(ROOT), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     wheel = Path(__import__("json").loads(r.stdout)["wheel"])
     assert wheel.name.startswith("trainer-") and wheel.suffix == ".whl"
@@ -112,10 +134,21 @@ def test_build_wheel_of_this_repo_leaves_the_tree_clean(tmp_path: Path) -> None:
 
 
 def _playbook(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    env = dict(
+        os.environ,
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+    )
     exe = shutil.which("ansible-playbook") or str(Path(sys.executable).with_name("ansible-playbook"))
-    return subprocess.run([exe, "train.yml", "-i", "inventory/example", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [exe, "train.yml", "-i", "inventory/example", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_train_playbook_refuses_an_unknown_run_and_lists_the_runs(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ in both modes), maps the ones the SGLang double understands and execs the double
 Test switch: `--standin-never-healthy` serves 503 on every path forever, so the role's readiness
 timeout (and its message naming the instance + journal tail) can be tested.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,16 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def double_argv(a: argparse.Namespace) -> list[str]:
     """The SGLang double's command line for these launch_server arguments."""
-    argv = [sys.executable, str(DOUBLE), "--host", a.host, "--port", str(a.port),
-            "--model", a.served_model_name or a.model_path]
+    argv = [
+        sys.executable,
+        str(DOUBLE),
+        "--host",
+        a.host,
+        "--port",
+        str(a.port),
+        "--model",
+        a.served_model_name or a.model_path,
+    ]
     if a.api_key:
         argv += ["--api-key", a.api_key]
     if a.reasoning_parser:

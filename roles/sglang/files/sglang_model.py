@@ -11,6 +11,7 @@ and that the shards hold at least the index's `metadata.total_size` bytes. Stand
 boto3 (S3 sources) and huggingface_hub (hf:// sources), imported when used. S3 credentials come from the
 environment (AWS_*, and S3_ENDPOINT_URL for non-AWS endpoints); the HF token from HF_TOKEN.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,7 +55,9 @@ def check_shards(root: Path, files: dict[str, int]) -> None:
         raise ModelError(f"{root / INDEX}: unreadable safetensors index ({e})") from e
     missing = [s for s in shards if s not in files]
     if missing:
-        raise ModelError(f"{root}: {len(missing)} shard(s) named in {INDEX} are missing: {', '.join(missing[:5])}")
+        raise ModelError(
+            f"{root}: {len(missing)} shard(s) named in {INDEX} are missing: {', '.join(missing[:5])}"
+        )
     have = sum(files[s] for s in shards)
     if have < total:
         raise ModelError(f"{root}: shards hold {have} bytes, fewer than the index's total_size {total}")
@@ -91,19 +94,23 @@ def _copy_local(src: Path, dest: Path) -> None:
 
 def _copy_s3(url: str, dest: Path, workers: int = 16) -> None:
     try:
-        import boto3  # noqa: PLC0415 - only S3 sources need it
+        import boto3
     except ImportError as e:
         raise ModelError(f"{url}: an s3:// model source needs boto3 in the fetching Python") from e
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     prefix = prefix.rstrip("/") + "/" if prefix else ""
     s3 = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
-    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-            for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for o in page.get("Contents", [])
+        if not o["Key"].endswith("/")
+    ]
     if not keys:
         raise ModelError(f"{url}: no objects under this prefix")
 
     def one(key: str) -> None:
-        target = dest / key[len(prefix):]
+        target = dest / key[len(prefix) :]
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(target.name + ".part")
         s3.download_file(bucket, key, str(part))
@@ -115,12 +122,13 @@ def _copy_s3(url: str, dest: Path, workers: int = 16) -> None:
 
 def _copy_hf(url: str, dest: Path) -> None:
     try:
-        from huggingface_hub import snapshot_download  # noqa: PLC0415 - only hf:// sources need it
+        from huggingface_hub import snapshot_download
     except ImportError as e:
         raise ModelError(f"{url}: an hf:// model source needs huggingface_hub (in the SGLang venv)") from e
-    repo, _, rev = url[len("hf://"):].partition("@")
-    snapshot_download(repo_id=repo, revision=rev or None, local_dir=str(dest),
-                      token=os.environ.get("HF_TOKEN") or None)
+    repo, _, rev = url[len("hf://") :].partition("@")
+    snapshot_download(
+        repo_id=repo, revision=rev or None, local_dir=str(dest), token=os.environ.get("HF_TOKEN") or None
+    )
 
 
 def fetch(source: str, dest: Path) -> dict[str, int]:
@@ -131,7 +139,9 @@ def fetch(source: str, dest: Path) -> dict[str, int]:
     elif source.startswith("hf://"):
         _copy_hf(source, dest)
     elif source.startswith(("http://", "https://")):
-        raise ModelError(f"{source}: unsupported model source (use a path, s3://bucket/prefix or hf://org/name)")
+        raise ModelError(
+            f"{source}: unsupported model source (use a path, s3://bucket/prefix or hf://org/name)"
+        )
     else:
         _copy_local(Path(source), dest)
     files = scan(dest)

@@ -8,6 +8,7 @@ and the readiness check are exercised without installing it. /health answers 200
 worker answers /health; requests are forwarded to the workers in turn, skipping those that fail to
 connect.
 """
+
 from __future__ import annotations
 
 import argparse

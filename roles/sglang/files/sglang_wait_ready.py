@@ -6,6 +6,7 @@
 With it, systemd reports an instance `active` only once it serves, so the router (ordered after the
 instances) and `TimeoutStartSec` mean what they say. Exits 1 with the last error after --timeout.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -2,13 +2,14 @@
 """Build this repository's `trainer` wheel on the controller (role trainer_run).
 
     trainer_wheel.py digest SRC          # sha256 of what goes into the wheel (pyproject, README, trainer/**)
-    trainer_wheel.py build SRC OUTDIR    # build the wheel from a clean copy; prints {"wheel": PATH, "digest": D}
+    trainer_wheel.py build SRC OUTDIR    # build from a clean copy; prints {"wheel": PATH, "digest": D}
 
 The digest decides whether a node's installed wheel is current, so a second playbook run installs
 nothing. The build copies the sources to a temporary directory first, so the working tree gets no
 build/ or egg-info litter, and runs `python -m pip wheel --no-deps --no-build-isolation` (setuptools from
 the controller's environment: no download).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,15 @@ TOP_FILES = ("pyproject.toml", "README.md")
 def sources(src: Path) -> list[Path]:
     """The files a wheel is built from, sorted, caches excluded."""
     if not (src / "pyproject.toml").is_file():
-        raise SystemExit(f"trainer_wheel: {src}/pyproject.toml not found (trainer_run_src_dir must be the repo root)")
+        raise SystemExit(
+            f"trainer_wheel: {src}/pyproject.toml not found (trainer_run_src_dir must be the repo root)"
+        )
     files = [src / f for f in TOP_FILES if (src / f).is_file()]
-    files += sorted(p for p in (src / "trainer").rglob("*")
-                    if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    files += sorted(
+        p
+        for p in (src / "trainer").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
     return files
 
 
@@ -50,13 +56,26 @@ def build(src: Path, out: Path) -> Path:
             shutil.copy2(p, dest)
         for old in out.glob("trainer-*.whl"):
             old.unlink()
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            tmp,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0:
             raise SystemExit(f"trainer_wheel: pip wheel failed ({r.returncode}):\n{r.stderr[-3000:]}")
     wheels = sorted(out.glob("trainer-*.whl"))
     if len(wheels) != 1:
-        raise SystemExit(f"trainer_wheel: expected one trainer wheel in {out}, found {[w.name for w in wheels]}")
+        raise SystemExit(
+            f"trainer_wheel: expected one trainer wheel in {out}, found {[w.name for w in wheels]}"
+        )
     return wheels[0]
 
 

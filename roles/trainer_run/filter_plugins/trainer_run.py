@@ -7,6 +7,7 @@ is not known from the inventory (sglang_gpu_count 0 = counted on the node) its r
 The address is the bind address when it is a specific one, else the host's ansible_host (or 127.0.0.1
 when the SGLang host is the run's own host and binds loopback).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -25,14 +26,17 @@ def _address(hv: Mapping[str, Any], name: str, bind: str, this_host: str) -> str
         if name != this_host:
             raise EndpointError(
                 f"SGLang host {name} binds {bind}, which host {this_host} cannot reach: set sglang_host "
-                f"(and sglang_api_key) for {name}, or set trainer_run_endpoints")
+                f"(and sglang_api_key) for {name}, or set trainer_run_endpoints"
+            )
         return "127.0.0.1"
     if bind in ANY:
         return str(hv.get("ansible_host") or name)
     return bind
 
 
-def sglang_endpoints(hostvars: Mapping[str, Mapping[str, Any]], hosts: Sequence[str], this_host: str) -> list[str]:
+def sglang_endpoints(
+    hostvars: Mapping[str, Mapping[str, Any]], hosts: Sequence[str], this_host: str
+) -> list[str]:
     urls: list[str] = []
     for name in hosts:
         hv = hostvars[name]
@@ -46,8 +50,10 @@ def sglang_endpoints(hostvars: Mapping[str, Mapping[str, Any]], hosts: Sequence[
             host = _address(hv, name, str(hv.get("sglang_router_host", "127.0.0.1")), this_host)
             urls.append(f"http://{host}:{int(hv.get('sglang_router_port', 8000))}")
         else:
-            raise EndpointError(f"SGLang host {name}: sglang_gpu_count is 0 (counted on the node) and the router is off; "
-                                "set sglang_gpu_count in the inventory or trainer_run_endpoints")
+            raise EndpointError(
+                f"SGLang host {name}: sglang_gpu_count is 0 (counted on the node) and the router is off; "
+                "set sglang_gpu_count in the inventory or trainer_run_endpoints"
+            )
     return urls
 
 
@@ -61,4 +67,7 @@ def endpoints_override(urls: Sequence[str]) -> str:
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"trainer_run_sglang_endpoints": sglang_endpoints, "trainer_run_endpoints_override": endpoints_override}
+        return {
+            "trainer_run_sglang_endpoints": sglang_endpoints,
+            "trainer_run_endpoints_override": endpoints_override,
+        }
