@@ -24,10 +24,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from trainer.generate.config import GenerateConfig
-from trainer.generate.endpoints import Endpoint, FatalEndpointError, parse_completion
+from trainer.generate.endpoints import (
+    TIMEOUT_ERRORS,
+    TRANSPORT_ERRORS,
+    Endpoint,
+    FatalEndpointError,
+    parse_completion,
+)
 from trainer.generate.progress import Progress
 from trainer.generate.prompts import Prompt, Reject
 from trainer.generate.remote import S3Mirror
@@ -134,12 +138,12 @@ class Generator:
     async def _call(self, ep: Endpoint, work: Work) -> None:
         try:
             r = await ep.post("/v1/chat/completions", self._body(work))
-        except httpx.TimeoutException as e:
+        except TIMEOUT_ERRORS as e:
             ep.errors += 1
             self._requeue(work)
             self._put_aside(ep, f"timeout ({type(e).__name__})")
             return
-        except httpx.TransportError as e:
+        except TRANSPORT_ERRORS as e:
             ep.errors += 1
             self._requeue(work)
             self._put_aside(ep, f"{type(e).__name__}: {e}")
