@@ -128,7 +128,8 @@ def main() -> None:
         rows = int(out.metrics["slot_count"].sum())
         n_blocks = out.blocks.num_blocks * args.batch
         flops = model_flops(target, drafter, seq, rows, n_blocks, dcfg.block_size) * args.batch
-        print(f"step {i}{' (warm-up)' if i < args.warmup else ''}: {dt:.3f}s loss {float(out.loss.detach()):.4f}")
+        tag = " (warm-up)" if i < args.warmup else ""
+        print(f"step {i}{tag}: {dt:.3f}s loss {float(out.loss.detach()):.4f}")
         if i >= args.warmup:
             times.append(dt)
     step = sum(times) / len(times)
