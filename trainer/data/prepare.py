@@ -63,10 +63,16 @@ def load_tokenizer(path: str | Path) -> Any:
 
 def _init_worker(tokenizer_path: str, max_length: int, template_kwargs: dict[str, Any] | None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _worker.update(tok=load_tokenizer(tokenizer_path), max_length=max_length, kwargs=template_kwargs)
+    _worker.update(max_length=max_length, kwargs=template_kwargs)
+    try:
+        _worker["tok"] = load_tokenizer(tokenizer_path)
+    except Exception as e:  # raised from _work instead: a failing initializer makes Pool respawn forever
+        _worker["error"] = e
 
 
 def _work(chunk: list[tuple[str, Any]]) -> list[Row]:
+    if "error" in _worker:
+        raise _worker["error"]
     rows: list[Row] = []
     for where, payload in chunk:
         conv = parse_payload(where, payload)
@@ -95,16 +101,28 @@ def _chunks(files: list[Path], progress: Any) -> Iterator[list[tuple[str, Any]]]
         yield chunk
 
 
-def _rows(files: list[Path], tokenizer_path: str, max_length: int, workers: int,
+def _inherit(tok: Any, max_length: int, template_kwargs: dict[str, Any] | None) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker; fork-safe
+
+
+def _rows(files: list[Path], tok: Any, tokenizer_path: str, max_length: int, workers: int,
           template_kwargs: dict[str, Any] | None, progress: Any) -> Iterator[Row]:
     chunks = _chunks(files, progress)
+    _worker.clear()
+    _worker.update(tok=tok, max_length=max_length, kwargs=template_kwargs)
     if workers <= 1:
-        _init_worker(tokenizer_path, max_length, template_kwargs)
         for chunk in chunks:
             yield from _work(chunk)
         return
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-    with ctx.Pool(workers, _init_worker, (tokenizer_path, max_length, template_kwargs)) as pool:
+    if "fork" in multiprocessing.get_all_start_methods():
+        # forked workers inherit the loaded tokenizer: no per-worker import of transformers (seconds
+        # each, tens of seconds on a busy machine); the parent has not used tokenizer threads yet
+        ctx = multiprocessing.get_context("fork")
+        init, initargs = _inherit, (None, max_length, template_kwargs)
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        init, initargs = _init_worker, (tokenizer_path, max_length, template_kwargs)
+    with ctx.Pool(workers, init, initargs) as pool:
         # a bounded window of chunks in flight (Pool.imap would read the whole input into memory)
         pending: deque[Any] = deque()
         for chunk in chunks:
@@ -126,6 +144,7 @@ def prepare(
 
     doctor = doctor or DoctorConfig()
     files = input_files(completions)
+    tok = load_tokenizer(tokenizer_path)  # fails here, with a clear message, before any worker starts
     workers = num_workers or os.cpu_count() or 1
     total_bytes = sum(f.stat().st_size for f in files)
     t0 = time.perf_counter()
@@ -134,7 +153,7 @@ def prepare(
     n_tokens = 0
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not show_progress,
               smoothing=0.1) as bar:
-        for row in _rows(files, str(tokenizer_path), max_length, workers, chat_template_kwargs, bar):
+        for row in _rows(files, tok, str(tokenizer_path), max_length, workers, chat_template_kwargs, bar):
             facts = {c: getattr(row, c) for c in SAMPLE_COLUMNS if c != "kept" and c != "length"}
             facts["length"] = row.length
             one = {k: [v] for k, v in facts.items()}

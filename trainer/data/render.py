@@ -70,11 +70,7 @@ def supervised_span(text: str, cut_after: str = "") -> tuple[int, int]:
 
 
 def _longest_run(mask: list[int]) -> int:
-    best = run = 0
-    for m in mask:
-        run = run + 1 if m else 0
-        best = max(best, run)
-    return best
+    return max(map(len, bytes(mask).split(b"\x00")), default=0)
 
 
 def render_row(
@@ -94,7 +90,10 @@ def render_row(
     text = text[:end]
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
-    mask = [1 if e > start and s < end else 0 for s, e in enc["offset_mapping"]]
+    offsets = enc["offset_mapping"]
+    # the supervised tokens overlap [start, end): one contiguous run (offsets are monotonic)
+    first = next((i for i in range(len(offsets)) if offsets[i][1] > start), len(offsets))
+    mask = [0] * first + [1] * (len(offsets) - first)  # text ends at `end`: every later token overlaps
     cut = bool(max_length) and len(ids) > max_length
     if cut:
         ids, mask = ids[:max_length], mask[:max_length]
