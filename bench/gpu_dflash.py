@@ -57,7 +57,7 @@ def build_target(cfg_kw: dict, device: torch.device, dtype: torch.dtype) -> torc
                 p.zero_()  # zero-centred (1 + w) RMSNorms, dt_bias
     # to_empty() leaves buffers uninitialised: rebuild the rotary embedding's inv_freq on the device
     rotary = model.model.rotary_emb
-    model.model.rotary_emb = type(rotary)(config=cfg, device=device)
+    model.model.rotary_emb = type(rotary)(config=cfg).to(device)
     return model.eval()
 
 
