@@ -59,14 +59,26 @@ def _parse(stdout: str) -> tuple[dict[str, Any], list[str], list[str]]:
 
 
 def run_role(
-    workdir: Path, role_vars: dict[str, Any], *, check: bool = False, role: str = "pve_ct"
+    workdir: Path,
+    role_vars: dict[str, Any],
+    *,
+    check: bool = False,
+    role: str = "pve_ct",
+    tasks_from: str = "",
 ) -> PlayResult:
-    """Run `role` once on localhost with `role_vars` as extra vars; parse the JSON callback's result."""
+    """Run `role` (or only its `tasks_from` file) once on localhost with `role_vars` as extra vars; parse
+    the JSON callback's result."""
     workdir.mkdir(parents=True, exist_ok=True)
     play = workdir / "play.yml"
-    play.write_text(
-        f"---\n- name: Run {role}\n  hosts: localhost\n  gather_facts: false\n  roles:\n    - role: {role}\n"
-    )
+    head = f"---\n- name: Run {role}\n  hosts: localhost\n  gather_facts: false\n"
+    if tasks_from:
+        body = (
+            f"  tasks:\n    - name: Include {role} {tasks_from}\n      ansible.builtin.include_role:\n"
+            f"        name: {role}\n        tasks_from: {tasks_from}\n"
+        )
+    else:
+        body = f"  roles:\n    - role: {role}\n"
+    play.write_text(head + body)
     varfile = workdir / "vars.json"
     varfile.write_text(json.dumps({"ansible_python_interpreter": sys.executable, **role_vars}))
     env = dict(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pve_run import run_role
 
 REPO = Path(__file__).resolve().parents[2]
 PROC = (
@@ -58,7 +59,8 @@ def make_rootfs(root: Path) -> None:
         (root / d).mkdir(parents=True, exist_ok=True)
     busybox = shutil.which("busybox") or "/bin/busybox"
     shutil.copy2(busybox, root / "bin" / "busybox")
-    (root / "bin" / "sh").symlink_to("busybox")
+    for applet in ("sh", "ls", "grep", "stat", "cat"):
+        (root / "bin" / applet).symlink_to("busybox")
 
 
 def lxc_config(name: str, rootfs: Path, pve_lines: list[str], extra_mounts: list[str]) -> str:
@@ -112,7 +114,7 @@ def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
                 timeout=30,
             )
 
-        yield {"attach": attach, "pve_lines": pve_lines, "dev": dev}
+        yield {"attach": attach, "pve_lines": pve_lines, "dev": dev, "exec": ["lxc-attach", *common, "--"]}
     finally:
         subprocess.run(["lxc-stop", *common, "-k"], timeout=60, check=False)
         subprocess.run(["lxc-destroy", *common], timeout=60, check=False, capture_output=True)
@@ -159,3 +161,23 @@ def test_device_rules_are_enforced(container: dict[str, Any]) -> None:
     assert allowed.stdout.count("No such device or address") == 2, allowed.stdout
     denied = container["attach"]("cat /dev/nvidia2 2>&1; true")
     assert "Operation not permitted" in denied.stdout, denied.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("selected", "ok"), [([1, 2, 3], True), ([1, 3], False), ([0, 1, 2, 3], False)])
+def test_role_verify_asserts_exactly_the_selected_gpus(
+    container: dict[str, Any], tmp_path: Path, selected: list[int], ok: bool
+) -> None:
+    """Role pve_ct's own check (verify.yml) run in this container through lxc-attach instead of pct exec.
+    The container holds nvidia1, nvidia3 and the extra nvidia2 mount: the check passes only for exactly
+    [1, 2, 3] and fails for a selection that misses one (an extra GPU) or names one it lacks."""
+    res = run_role(
+        tmp_path,
+        {"pve_ct_exec_command": container["exec"], "_pve_ct_gpu_selected": selected, "pve_ct_vmid": 200},
+        tasks_from="verify.yml",
+    )
+    if ok:
+        assert res.rc == 0, res.failures
+    else:
+        assert res.rc != 0
+        assert any(f"should see GPUs {selected}" in f and "nvidia2" in f for f in res.failures), res.failures
