@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from trainer.config import load_run_config
 from trainer.dflash.loop import train
 
 
+@pytest.mark.slow
 def test_overfit_tau_rises_to_half_the_block(make_run) -> None:
     path = make_run("overfit")
     cfg = load_run_config(path)
@@ -16,6 +19,7 @@ def test_overfit_tau_rises_to_half_the_block(make_run) -> None:
     res = train(cfg)
     lines = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, cfg.train.max_steps + 1))
+    assert lines[0]["tau"] < 1.5, lines[0]  # an untrained drafter: ~1
     first_loss, last_loss = lines[0]["loss"], lines[-1]["loss"]
     assert last_loss < first_loss - 0.5, (first_loss, last_loss)
     assert res.last_log["tau"] >= b / 2, res.last_log
