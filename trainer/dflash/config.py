@@ -85,7 +85,9 @@ class PlacementConfig:
     nproc_per_node: int = 1
     rdzv_endpoint: str = "localhost:29500"
     rdzv_id: str = ""  # "" = the run name
-    strategy: Literal["ddp", "fsdp", "none"] = "ddp"
+    # ddp: one drafter replica per rank (the Qwen3.6-27B drafter, 1.7B params + fp32 Adam, fits one GPU).
+    # FSDP is not offered yet: the shared lm_head runs outside the drafter's forward (chunked loss).
+    strategy: Literal["ddp", "none"] = "ddp"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The DFlash train loop: load, (resume,) step, log, checkpoint, export.
 
-Reads like a story (torchtitan style): runtime -> data (doctor gate) -> target -> drafter (DDP/FSDP)
+Reads like a story (torchtitan style): runtime -> data (doctor gate) -> target -> drafter (DDP)
 -> optimizer/schedule -> resume -> warm-up -> steps -> final checkpoint + SGLang export.
 Randomness per micro-batch (anchors, feature noise) comes from a generator seeded by
 (seed, micro-batch index, rank), so a resumed run draws exactly what the uninterrupted run drew.
@@ -61,31 +61,15 @@ def micro_seed(seed: int, micro_index: int, rank: int) -> int:
 
 
 def wrap_drafter(drafter: torch.nn.Module, rt: dev.Runtime, strategy: str) -> torch.nn.Module:
-    """DDP (default) or FSDP2 across ranks; unchanged on one process."""
+    """DDP across ranks (frozen shared embed/lm_head excluded from sync); unchanged on one process."""
     if not rt.distributed or strategy == "none":
         return drafter
-    if strategy == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in drafter.layers:
-            fully_shard(layer)
-        return fully_shard(drafter)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     drafter._ddp_params_and_buffers_to_ignore = [  # type: ignore[assignment]
         n for n, _ in drafter.named_parameters() if n.startswith(("embed_tokens.", "lm_head."))]
     ids = [rt.device.index] if rt.device.type == "cuda" else None
     return DDP(drafter, device_ids=ids)
-
-
-def _model_state(model: torch.nn.Module, core: Any, strategy: str,
-                 distributed: bool) -> dict[str, torch.Tensor]:
-    if distributed and strategy == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v for k, v in sd.items() if not k.startswith(("embed_tokens.", "lm_head."))}
-    return core.trainable_state_dict()
 
 
 class Trainer:
@@ -118,7 +102,7 @@ class Trainer:
 
     # -- state --------------------------------------------------------------------------------------
     def save(self) -> Path | None:
-        weights = _model_state(self.model, self.core, self.cfg.train.placement.strategy, self.rt.distributed)
+        weights = self.core.trainable_state_dict()
         path = None
         if self.rt.is_main:
             state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
