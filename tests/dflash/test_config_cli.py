@@ -120,3 +120,16 @@ def test_wandb_offline_logging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     logger.close()
     assert line["eta_s"] >= 0 and line["tau"] == 1.5
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_one_device_at_a_time_runs_once_without_a_process_group() -> None:
+    import torch
+
+    from trainer.dflash import device as dev
+
+    calls: list[int] = []
+    rt = dev.Runtime(torch.device("cpu"), torch.device("cpu"))
+    dev.one_device_at_a_time(rt, lambda: calls.append(1))
+    dev.warm_up_target(rt, None)  # CPU: a no-op (never touches the target)
+    assert calls == [1]
+    assert dev.dist_backend(rt) == "gloo" and not dev.flex_enabled(rt.device)

@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -152,15 +152,15 @@ def fla_present() -> bool:
     return importlib.util.find_spec("fla") is not None and cuda_available()
 
 
-@contextlib.contextmanager
-def one_device_at_a_time(rt: Runtime) -> Iterator[None]:
-    """Serialize a block across the local ranks (FLA's autotuner is not safe to run concurrently)."""
+def one_device_at_a_time(rt: Runtime, fn: Callable[[], None]) -> None:
+    """Run `fn` on each rank in turn, rank 0 first (FLA's autotuner is not safe to run concurrently
+    from several GPUs); every rank waits at a barrier per turn."""
     if not rt.distributed or not torch.distributed.is_initialized():
-        yield
+        fn()
         return
     for turn in range(rt.world_size):
         if turn == rt.rank:
-            yield
+            fn()
         torch.distributed.barrier()
 
 
@@ -169,9 +169,12 @@ def warm_up_target(rt: Runtime, target: Any, seq_lens: tuple[int, ...] = (128,))
     autotune cache without the cross-GPU race). A no-op on CPU."""
     if rt.target_device.type != "cuda":
         return
-    with one_device_at_a_time(rt), torch.no_grad():
-        for n in seq_lens:
-            ids = torch.zeros(1, n, dtype=torch.long, device=rt.target_device)
-            target.features(ids)
+
+    def warm() -> None:
+        with torch.no_grad():
+            for n in seq_lens:
+                target.features(torch.zeros(1, n, dtype=torch.long, device=rt.target_device), need_last=True)
         synchronize(rt.target_device)
+
+    one_device_at_a_time(rt, warm)
     log.info("target warm-up done on %s for lengths %s", rt.target_device, seq_lens)
