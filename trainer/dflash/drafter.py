@@ -81,7 +81,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * xf.to(x.dtype)) if x.dtype != torch.float32 else self.weight * xf
+        return (self.weight.float() * xf).to(x.dtype)  # output keeps the input dtype (bf16 under autocast)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,6 +125,7 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(kv_in).view(bs, lk, self.hkv, self.d).transpose(1, 2)
         q = apply_rope(q, *rope_q)
         k = apply_rope(k, *rope_k)
+        q, k = q.to(v.dtype), k.to(v.dtype)  # flex attention is not autocast-aware: one dtype for q, k, v
         out = attend(q, k, v, mask, use_flex, 1.0 / math.sqrt(self.d))
         return self.o_proj(out.transpose(1, 2).reshape(bs, lq, self.h * self.d))
 
