@@ -15,7 +15,7 @@ from trainer.data.prepare import prepare
 from trainer.data.shards import MANIFEST, DataRefused, ShardDataset, check_doctor
 
 
-def seeds_disaster(n: int = 300) -> list[dict[str, Any]]:
+def seeds_disaster(n: int = 100) -> list[dict[str, Any]]:
     """87% of the responses empty: the template tokens around nothing (loss_mask sum a constant)."""
     return [record(i, "", "") if i % 100 < 87 else healthy(i) for i in range(n)]
 
@@ -37,7 +37,7 @@ def test_seeds_disaster_is_refused_with_a_report_that_says_so(tmp_path: Path, ti
     with pytest.raises(DataRefused, match=r"the doctor refused this data: 87\.0% of samples are degenerate"):
         check_doctor(tmp_path / "shards")
     assert check_doctor(tmp_path / "shards", allow_unchecked=True)["passed"] is False  # explicit override
-    assert res.manifest["counts"]["dropped_degenerate"] == 261
+    assert res.manifest["counts"]["dropped_degenerate"] == 87
 
 
 def test_healthy_dataset_passes_and_shards_hold_the_rows(tmp_path: Path, tiny_tok_dir: Path) -> None:

@@ -135,3 +135,14 @@ def test_reads_jsonl_zst_and_directories(tmp_path: Path) -> None:
         list(iter_conversations(tmp_path / "empty"))
     with pytest.raises(DataError, match="nothing: no such file or directory"):
         list(iter_conversations(tmp_path / "nothing"))
+
+
+def test_tool_call_turns_keep_their_calls_and_are_not_empty(tiny_tok: Any) -> None:
+    call = [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]
+    conv = normalize({"id": "t", "messages": [
+        {"role": "user", "content": "add 1 and 2"},
+        {"role": "assistant", "content": "", "reasoning_content": "use the tool", "tool_calls": call},
+    ]}, "x:1")
+    assert conv.messages[-1]["tool_calls"] == call  # handed to the target's template untouched
+    (row,) = expand(conv, tiny_tok, 4096)
+    assert not row.empty_response and row.answer_chars > 0

@@ -148,7 +148,7 @@ def test_multipart_objects_are_verified(s3_server: Any, tmp_path: Path) -> None:
 def test_interrupted_sync_resumes_without_refetching_completed_files(s3_server: Any, tmp_path: Path) -> None:
     client = _client(s3_server)
     bucket = _bucket(client)
-    _tree(tmp_path / "src", n=N_FILES, size=200_000)
+    _tree(tmp_path / "src", n=N_FILES, size=64_000)
     S3Sync(client, bucket, "r", show_progress=False).upload(tmp_path / "src")
     dst = tmp_path / "dst"
     env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")

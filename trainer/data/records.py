@@ -21,6 +21,9 @@ _SHAREGPT_ROLES = {
 }
 
 
+_PASSTHROUGH = ("tool_calls", "tool_call_id", "name")
+
+
 class DataError(ValueError):
     """Input data that cannot be used; the message names the file, line and field at fault."""
 
@@ -155,6 +158,9 @@ def normalize(rec: Any, where: str) -> Conversation:
             raise DataError(f"{at}: unknown role {raw_role!r} (expected system/user/assistant)")
         content = _text(m.get(text_key, m.get("content")), at, text_key)
         msg: dict[str, Any] = {"role": role, "content": content}
+        for extra in _PASSTHROUGH:  # tool calling: the target's template renders these itself
+            if m.get(extra) is not None:
+                msg[extra] = m[extra]
         if role == "assistant":
             reasoning = m.get("reasoning_content", m.get("reasoning"))
             if reasoning is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from typing import Any
 
 from trainer.data.records import Conversation, DataError
@@ -126,11 +127,12 @@ def expand(conv: Conversation, tokenizer: Any, max_length: int,
         except Exception as e:  # template errors come from jinja with no file context
             raise DataError(f"{conv.where}: cannot render turn {turn} with the chat template: {e}") from e
         reasoning = last.get("reasoning_content", "") or ""
+        answer = last["content"].strip() + (json.dumps(last["tool_calls"]) if last.get("tool_calls") else "")
         rows.append(Row(
             id=conv.id, turn=turn, input_ids=ids, loss_mask=mask, n_supervised=sum(mask),
-            longest_run=_longest_run(mask), answer_chars=len(last["content"].strip()),
+            longest_run=_longest_run(mask), answer_chars=len(answer),
             reasoning_chars=len(reasoning.strip()), finish_reason=conv.finish_reason if is_final else "stop",
             unterminated_think=is_final and conv.unterminated_think, gen_truncated=gen_truncated,
-            truncated=cut, response_hash=_hash(reasoning, last["content"]),
+            truncated=cut, response_hash=_hash(reasoning, answer),
         ))
     return rows
