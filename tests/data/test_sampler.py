@@ -111,3 +111,13 @@ def test_ranks_partition_the_epoch() -> None:
 def test_bad_arguments(kw: dict[str, int], msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         BucketBatchSampler(LENGTHS, **kw)
+
+
+def test_boundaries_never_pad_past_the_longest_row() -> None:
+    from trainer.data.sampler import default_boundaries
+
+    b = default_boundaries(4096)
+    assert b[-1] == 4096 and b == sorted(set(b)) and all(x % 64 == 0 for x in b)
+    s = BucketBatchSampler([4096, 4000, 100, 30], batch_size=2)
+    assert max(s.pad_to([i]) for i in range(4)) == 4096
+    assert default_boundaries(10) == [10]

@@ -24,14 +24,15 @@ from typing import Any
 
 
 def default_boundaries(max_len: int, multiple: int = 64, ratio: float = 1.15) -> list[int]:
-    """Bucket upper bounds: multiples of `multiple` growing by ~`ratio`, the last one >= max_len."""
+    """Bucket upper bounds: multiples of `multiple` growing by ~`ratio`; the last one is `max_len` itself
+    (rows are never padded past the longest row, e.g. data.max_length)."""
     bounds: list[int] = []
     b = multiple
-    while True:
+    while b < max_len:
         bounds.append(b)
-        if b >= max_len:
-            return bounds
         b = max(b + multiple, int(b * ratio) // multiple * multiple)
+    bounds.append(max_len)
+    return bounds
 
 
 def _fingerprint(lengths: Sequence[int]) -> str:
