@@ -164,7 +164,7 @@ def test_device_rules_are_enforced(container: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("selected", "ok"), [([1, 2, 3], True), ([1, 3], False), ([0, 1, 2, 3], False)])
+@pytest.mark.parametrize(("selected", "ok"), [([1, 2, 3], True), ([1, 3], False)])
 def test_role_verify_asserts_exactly_the_selected_gpus(
     container: dict[str, Any], tmp_path: Path, selected: list[int], ok: bool
 ) -> None:
