@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,7 @@ def test_recover_after_kill_keeps_whole_lines_and_drops_a_torn_one(tmp_path: Pat
     fill(store, range(5))
     store._fh.write(b'{"id": "r5", "messages": [')  # the kill hit in the middle of a line
     store._fh.close()
+    store.close()
     again = ShardStore(tmp_path, "jsonl.zst", 100)
     notes = again.recover()
     assert again.done == {f"r{i}" for i in range(5)}
@@ -77,6 +79,7 @@ def test_recover_finishes_a_seal_interrupted_before_the_sidecar(tmp_path: Path) 
     info = store.seal(p)
     (tmp_path / "_state" / "manifest" / (info.name.split(".")[0] + ".json")).unlink()
     p.write_text("".join(json.dumps(rec(i)) + "\n" for i in range(2)))  # open file not yet removed either
+    store.close()
     again = ShardStore(tmp_path, "jsonl", 2)
     notes = again.recover()
     assert "rebuilt the sidecar" in notes[0]
@@ -91,6 +94,7 @@ def test_recover_drops_ids_already_in_a_sealed_shard(tmp_path: Path) -> None:
     store.register(store.seal(p))
     stray = tmp_path / "_state" / "open" / "part-00007-abcdef.jsonl"
     stray.write_text(json.dumps(rec(1)) + "\n" + json.dumps(rec(3)) + "\n")
+    store.close()
     again = ShardStore(tmp_path, "jsonl", 2)
     again.recover()
     ids = [i for info in again.shards.values() for i in info.ids]
@@ -102,5 +106,16 @@ def test_recover_refuses_a_shard_that_does_not_match_its_sidecar(tmp_path: Path)
     (p,) = fill(store, range(1))
     info = store.seal(p)
     (tmp_path / info.name).write_text("truncated")
+    store.close()
     with pytest.raises(RuntimeError, match=info.name):
         ShardStore(tmp_path, "jsonl", 1).recover()
+
+
+def test_one_writer_per_output_dir(tmp_path: Path) -> None:
+    from trainer.generate.store import StoreLocked
+
+    first = ShardStore(tmp_path, "jsonl", 10)
+    with pytest.raises(StoreLocked, match=f"pid {os.getpid()}"):
+        ShardStore(tmp_path, "jsonl", 10)
+    first.close()
+    ShardStore(tmp_path, "jsonl", 10).close()

@@ -75,20 +75,34 @@ def adopt_remote(mirror: Any, timeout_s: float, backoff_s: float, backoff_max_s:
 
 
 def stage(cfg: RunConfig) -> int:
-    import asyncio
-
-    from trainer.generate.endpoints import Endpoint
-    from trainer.generate.prompts import count_lines, prompt_files, read_prompts
-    from trainer.generate.remote import S3Mirror
-    from trainer.generate.runner import GenerateError, Generator
-    from trainer.generate.store import ShardStore
+    from trainer.generate.store import ShardStore, StoreLocked
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     g = cfg.generate
     if not g.endpoints:
         raise ConfigError("generate.endpoints: empty; list the SGLang base URLs (e.g. http://10.0.0.5:30000)")
     out = cfg.run_path / g.output
-    store = ShardStore(out, g.format, g.shard_records)
+    try:
+        store = ShardStore(out, g.format, g.shard_records)
+    except StoreLocked as e:
+        log.error("generate: %s", e)
+        return 1
+    try:
+        return _generate(cfg, store)
+    finally:
+        store.close()
+
+
+def _generate(cfg: RunConfig, store: Any) -> int:
+    import asyncio
+
+    from trainer.generate.endpoints import Endpoint
+    from trainer.generate.prompts import count_lines, prompt_files, read_prompts
+    from trainer.generate.remote import S3Mirror
+    from trainer.generate.runner import GenerateError, Generator
+
+    g = cfg.generate
+    out = store.out
     for note in store.recover():
         log.info("generate: %s", note)
     mirror = None

@@ -29,6 +29,10 @@ from typing import Any
 SHARD_RE = re.compile(r"^part-(\d{5,})-([0-9a-f]+)\.(jsonl|jsonl\.zst)$")
 
 
+class StoreLocked(RuntimeError):
+    """Another process holds the output dir."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ShardInfo:
     name: str  # file name of the sealed shard
@@ -76,6 +80,7 @@ class ShardStore:
         self.side_dir = self.state / "manifest"
         for d in (self.out, self.open_dir, self.side_dir):
             d.mkdir(parents=True, exist_ok=True)
+        self._lock = self._take_lock()
         self.session = secrets.token_hex(3)
         self.shards: dict[str, ShardInfo] = {}
         self.done: set[str] = set()
@@ -83,6 +88,33 @@ class ShardStore:
         self._fh: Any = None
         self._open_path: Path | None = None
         self._open_ids: list[str] = []
+
+    def _take_lock(self) -> Any:
+        """One writer per output dir (the kernel drops the lock when the process dies, even by kill -9)."""
+        import fcntl
+
+        fh = (self.state / "lock").open("a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "?"
+            fh.close()
+            raise StoreLocked(f"{self.out}: another generate run (pid {holder}) is writing here") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        return fh
+
+    def close(self) -> None:
+        """Release the output dir (the open shard, if any, stays for the next run to recover)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     # ---------------------------------------------------------------- recovery
     def recover(self) -> list[str]:
