@@ -178,3 +178,17 @@ def test_place_puts_lines_before_the_first_section_and_keeps_user_lines() -> Non
         "c 1:2"
         not in mod.place(out, None, previous=["lxc.cgroup2.devices.allow: c 1:2 rwm"]).split("[snap]")[0]
     )
+
+
+@pytest.mark.slow
+def test_check_mode_on_a_new_container_plans_without_writing(env: dict[str, Any]) -> None:
+    pve = env["pve"]
+    proc_devices(env["proc"])
+    pve.clear_log()
+    res = run_role(env["base"] / "dry", raw_vars(env, pve_ct_vmid=203, pve_ct_hostname="ct203"), check=True)
+    assert res.rc == 0, res.failures
+    assert "Create or converge the container and bring it to its run state" in res.changed_tasks
+    assert "Write the passthrough lines into the container config" in res.changed_tasks
+    assert writes(pve) == []
+    assert "203" not in pve.state()["cts"]
+    assert not (pve.pve_dir / "lxc" / "203.conf").exists()

@@ -119,6 +119,10 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    if not os.path.exists(p["path"]) and module.check_mode:  # the container itself is only planned
+        module.exit_json(
+            changed=True, lines=[], majors={}, msg="{} would be written once the CT exists".format(p["path"])
+        )
     if not os.path.exists(p["path"]):
         module.fail_json(
             msg="{} does not exist: create the container first (pve_ct_container)".format(p["path"])
