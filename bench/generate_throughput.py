@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import resource
 import socket
 import subprocess
@@ -115,7 +116,10 @@ def main() -> int:
     print(f"completions      {n} in {elapsed:.2f}s (ideal {ideal:.2f}s)")
     share = 100 * n / elapsed / capacity
     print(f"achieved         {n / elapsed:.1f} completions/s = {share:.2f}% of capacity")
-    print(f"client CPU       {cpu:.2f}s = {1000 * cpu / n:.2f} CPU-s per 1,000 completions")
+    print(f"client CPU       {cpu:.2f}s = {1000 * cpu / n:.2f} CPU-s per 1,000 completions "
+          f"(one core would feed {n / cpu:.0f} completions/s)")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"machine load     {load} (1/5/15 min) on {os.cpu_count()} CPUs")
     return 0
 
 
