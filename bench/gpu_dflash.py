@@ -135,7 +135,7 @@ def main() -> None:
     step = sum(times) / len(times)
     tok_s = args.batch * seq / step
     peak = dev.peak_memory_gb(rt.device)
-    name = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else "cpu"
+    name = dev.device_name(rt.device)
     peak_tflops = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), 0.0)
     mfu = flops / step / (peak_tflops * 1e12) if peak_tflops else float("nan")
     print(f"device {name}: seq {seq}, {dcfg.max_anchors} anchors x B={dcfg.block_size}, batch {args.batch}, "

@@ -36,17 +36,17 @@ def step_dir_name(step: int) -> str:
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+    from trainer.dflash import device as dev
+
+    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": dev.cuda_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    from trainer.dflash import device as dev
+
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    dev.set_cuda_rng_state(state.get("cuda"))
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:

@@ -63,6 +63,9 @@ def resolve_runtime(device: str = "auto", dtype: str = "bfloat16", target_gpus: 
                            f"({torch.cuda.device_count()} visible)")
     torch.cuda.set_device(gpu)
     tgpu = target_gpus[local_rank % len(target_gpus)] if target_gpus else gpu
+    if tgpu >= torch.cuda.device_count():
+        raise RuntimeError(f"train.placement.target_gpus: GPU {tgpu} does not exist "
+                           f"({torch.cuda.device_count()} visible)")
     return Runtime(torch.device("cuda", gpu), torch.device("cuda", tgpu), rank, local_rank, world,
                    torch.bfloat16 if dtype == "bfloat16" else torch.float32)
 
@@ -107,6 +110,37 @@ def peak_memory_gb(device: torch.device) -> float:
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def cuda_rng_state() -> list[torch.Tensor] | None:
+    return torch.cuda.get_rng_state_all() if cuda_available() else None
+
+
+def set_cuda_rng_state(state: list[torch.Tensor] | None) -> None:
+    if state is not None and cuda_available():
+        torch.cuda.set_rng_state_all(state)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks (identity without a process group)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(t)
+    return t
+
+
+def world_size() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
 
 
 def use_flex(enabled: bool | None) -> None:

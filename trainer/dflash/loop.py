@@ -112,7 +112,7 @@ class Trainer:
             path = ckpt.save_checkpoint(self.ckpt_root, self.step, weights=weights, state=state, meta=meta,
                                         config=to_dict(self.cfg), keep_last=self.cfg.train.keep_last)
         if self.rt.distributed:
-            torch.distributed.barrier()
+            dev.barrier()
         return path
 
     def load(self, path: Path) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from trainer.dflash import device as dev
+
 log = logging.getLogger(__name__)
 
 
@@ -30,12 +32,12 @@ class MetricsAccumulator:
 
     def reduce(self, distributed: bool) -> dict[str, Any]:
         sums = dict(self.sums)
-        if distributed and torch.distributed.is_initialized():
+        if distributed:
             for k in sums:
-                torch.distributed.all_reduce(sums[k])
+                dev.all_reduce_sum(sums[k])
         micro = max(1, self.steps)
         out: dict[str, Any] = {}
-        ws = torch.distributed.get_world_size() if distributed and torch.distributed.is_initialized() else 1
+        ws = dev.world_size() if distributed else 1
         for k in ("loss", "ce", "kl"):
             if k in sums:
                 out[k] = float(sums[k]) / (micro * ws)
