@@ -248,3 +248,16 @@ def test_a_new_node_does_not_start_blind_while_s3_is_down(tmp_path: Path, caplog
                                 all_down_timeout_s=0.5))
     assert rc == 1 and "the local spool is empty; not starting blind" in caplog.text
     assert not list((tmp_path / "run" / "generated").glob("part-*"))
+
+
+def test_a_prompt_that_always_times_out_is_rejected_after_max_attempts(tmp_path: Path, sglang: Any) -> None:
+    slow = sglang("--latency", "30", "--max-running", "4")
+    write_prompts(tmp_path / "p.jsonl", 3)
+    rc, summary = run_stage(write_run(tmp_path, tmp_path / "p.jsonl", [slow.url], request_timeout_s=0.5,
+                                      backoff_initial_s=0.1, backoff_max_s=0.1, max_attempts=2))
+    assert rc == 0 and summary["completed"] == 0 and summary["rejected_by_endpoint"] == 3
+    lines = (tmp_path / "run/generated/_state/rejects.ndjson").read_text().splitlines()
+    rejects = [json.loads(x) for x in lines]
+    assert sorted(r["id"] for r in rejects) == ["s00000", "s00001", "s00002"]
+    for r in rejects:
+        assert r["reason"].startswith("failed 2 times, last: ") and "timeout after" in r["reason"]

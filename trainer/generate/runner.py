@@ -5,7 +5,8 @@ in-flight/capacity ratio that has room. Outcomes of a request:
   200            the completion is written to the spool (or, when flagged and `retry_flagged`, re-queued
                  once with the larger budget);
   timeout/reset  the endpoint is put aside with backoff, its in-flight requests are cancelled and
-                 re-queued, and it gets work again only after GET /health answers;
+                 re-queued, and it gets work again only after GET /health answers (a timeout also
+                 counts as one of the prompt's `max_attempts`);
   429/5xx        re-queued; `failures_to_down` in a row put the endpoint aside; a prompt that fails
                  `max_attempts` times is rejected with the last error;
   401/403/404    the endpoint is disabled for the run (configuration error);
@@ -133,14 +134,15 @@ class Generator:
         for task in list(ep.tasks):
             if task is not me:
                 task.cancel()
-        self._spawn(ep.recover())
+        self._spawn(self._recover(ep))
 
     async def _call(self, ep: Endpoint, work: Work) -> None:
         try:
             r = await ep.post("/v1/chat/completions", self._body(work))
         except TIMEOUT_ERRORS as e:
             ep.errors += 1
-            self._requeue(work)
+            # a prompt that times out everywhere must not bounce between endpoints forever
+            self._attempt_failed(ep, work, f"timeout after {self.cfg.request_timeout_s:.0f}s")
             self._put_aside(ep, f"timeout ({type(e).__name__})")
             return
         except TRANSPORT_ERRORS as e:
@@ -171,9 +173,8 @@ class Generator:
             self._reject(Reject("endpoint", 0, f"{ep.url} answered HTTP {r.status_code}: {r.text[:300]}",
                                 work.prompt.id))
 
-    def _server_error(self, ep: Endpoint, work: Work, reason: str) -> None:
-        ep.errors += 1
-        self.progress.c.server_errors += 1
+    def _attempt_failed(self, ep: Endpoint, work: Work, reason: str) -> None:
+        """Count a failed attempt; re-queue the prompt, or reject it after `max_attempts`."""
         work.attempts += 1
         work.last_error = f"{ep.url}: {reason}"
         if work.attempts >= self.cfg.max_attempts:
@@ -182,6 +183,11 @@ class Generator:
                                 work.prompt.id))
         else:
             self._requeue(work)
+
+    def _server_error(self, ep: Endpoint, work: Work, reason: str) -> None:
+        ep.errors += 1
+        self.progress.c.server_errors += 1
+        self._attempt_failed(ep, work, reason)
         ep.consecutive_failures += 1
         if ep.consecutive_failures >= self.cfg.failures_to_down:
             self._put_aside(ep, f"{self.cfg.failures_to_down} server errors in a row, last {reason[:120]}")
@@ -220,6 +226,10 @@ class Generator:
         self.seals.add(task)
         task.add_done_callback(self.seals.discard)
 
+    async def _recover(self, ep: Endpoint) -> None:
+        await ep.recover()
+        self.wake.set()  # dispatch to it now, not at the next 1 s tick
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self.background.add(task)
@@ -239,7 +249,7 @@ class Generator:
             else:
                 log.warning("endpoint %s: not healthy yet (%s); probing with backoff", ep.url, ep.down_reason)
                 ep.backoff = self.cfg.backoff_initial_s
-                self._spawn(ep.recover())
+                self._spawn(self._recover(ep))
 
         await asyncio.gather(*(probe(e) for e in self.endpoints))
 
