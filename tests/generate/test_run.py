@@ -35,8 +35,8 @@ def done_count(out: Path) -> int:
     return n + sum(p.read_bytes().count(b"\n") for p in (out / "_state" / "open").glob("*.jsonl"))
 
 
-def spawn(cfg_path: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trainer", "generate", str(cfg_path)], cwd=ROOT,
+def spawn(cfg_path: Path, log: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainer", "generate", str(cfg_path), *extra], cwd=ROOT,
                             env=trainer_env(), stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
@@ -54,18 +54,21 @@ def wait_until(pred: Any, timeout: float, what: str, proc: subprocess.Popen | No
 def test_kill_9_twice_then_resume_gives_every_id_exactly_once(tmp_path: Path, sglang: Any) -> None:
     eps = [sglang(*FAST).url for _ in range(3)]
     expected = write_prompts(tmp_path / "prompts.jsonl", 2000, bad=True)
-    cfg = write_run(tmp_path, tmp_path / "prompts.jsonl", eps, shard_records=150)
+    # the endpoints come from --set, as the train.yml playbook passes them
+    cfg = write_run(tmp_path, tmp_path / "prompts.jsonl", ["http://127.0.0.1:9"], shard_records=150)
+    endpoints = f"--set=generate.endpoints=[{','.join(eps)}]"
     out = tmp_path / "run" / "generated"
     log = tmp_path / "generate.log"
     rng = random.Random()
     points = sorted(rng.sample(range(150, 1800), 2))
+    print(f"kill -9 after {points} completions")  # shown by pytest when the test fails
     for point in points:
-        proc = spawn(cfg, log)
+        proc = spawn(cfg, log, endpoints)
         wait_until(lambda p=point: out.exists() and done_count(out) >= p, 120, f"{point} completions", proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     before_last = done_count(out)
-    proc = spawn(cfg, log)
+    proc = spawn(cfg, log, endpoints)
     assert proc.wait(timeout=180) == 0, log.read_text()[-3000:]
     check_output(out, expected)
     assert not list((out / "_state" / "open").iterdir())
