@@ -43,6 +43,7 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_target(tmp_path_factory.mktemp("tiny") / "target")
 
 
+@pytest.mark.slow
 def test_eval_cli_reports_tau_of_a_trained_checkpoint(tmp_path: Path, tiny_target: Path, capsys) -> None:
     import sys
 
