@@ -23,7 +23,7 @@ def fact(host):
 @pytest.fixture(scope="module")
 def release(host, fact):
     rel = fact["nvidia"]["kernel"]
-    assert host.file(f"/usr/src/linux-headers-{rel}").is_directory, f"{rel} is not the installed Debian headers"
+    assert host.file(f"/usr/src/linux-headers-{rel}").is_directory, f"{rel}: no such Debian headers"
     return rel
 
 
