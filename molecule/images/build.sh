@@ -10,6 +10,7 @@
 #   FORCE=1 molecule/images/build.sh         # rebuild even if present
 #
 # Idempotent: an image that exists is skipped. Images: localhost/gpu-node-<suite>:latest.
+# The apt lists are kept: roles use apt's cache_valid_time, which trusts their age.
 set -euo pipefail
 
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -42,7 +43,7 @@ RUN printf 'deb $MIRROR $suite main contrib non-free\n' >/etc/apt/sources.list \
  && apt-get update \\
  && apt-get install -y --no-install-recommends systemd systemd-sysv dbus python3 python3-apt sudo \\
       ca-certificates iproute2 procps kmod \\
- && apt-get clean && rm -rf /var/lib/apt/lists/* \\
+ && apt-get clean \\
  && systemctl mask systemd-logind.service getty.target console-getty.service systemd-udevd.service \\
       systemd-networkd-wait-online.service sys-kernel-config.mount \\
  && systemctl set-default multi-user.target
