@@ -66,6 +66,8 @@ def _cmd_tiny_target(args: argparse.Namespace) -> int:
         return 0
     tokenizer = build_tiny_tokenizer()
     path = build_tiny_target(args.out, tokenizer=tokenizer, seed=args.seed)
+    for f in path.iterdir():  # safetensors writes 0600; a model on shared storage is read by other users
+        f.chmod(0o644)
     print(f"{path}: tiny random Qwen3.5 target + tokenizer ({len(tokenizer)} tokens)")
     return 0
 
