@@ -49,7 +49,8 @@ def test_make_tiny_target_saves_a_loadable_model_and_tokenizer(tmp_path):
     tok = AutoTokenizer.from_pretrained(out)
     assert cfg.model_type.startswith("qwen3_5")
     assert len(tok) <= cfg.vocab_size
-    assert all(f.stat().st_mode & 0o044 == 0o044 for f in out.iterdir()), "model files must be readable by all"
+    unreadable = [f.name for f in out.iterdir() if f.stat().st_mode & 0o044 != 0o044]
+    assert not unreadable, f"model files must be readable by all: {unreadable}"
     assert tok.convert_tokens_to_ids("<|im_end|>") < cfg.vocab_size
     again = run("make-tiny-target", str(out))
     assert again.returncode == 0 and "already there" in again.stdout

@@ -66,7 +66,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         if origin is tuple and len(args) > 1:
             if len(args) != len(value):
                 raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
-            return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+            pairs = enumerate(zip(args, value, strict=True))
+            return tuple(_convert(a, v, f"{where}[{i}]") for i, (a, v) in pairs)
         item = args[0] if args else Any
         return tuple(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
     if origin in (dict, Mapping) or tp is dict:
