@@ -5,10 +5,13 @@ this test keeps the two in step for every role in roles/.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
+
+SECRET = re.compile(r"(_token$|secret|password|api_key|access_key)")
 
 ROLES = sorted(p for p in Path("roles").iterdir() if (p / "tasks").is_dir())
 
@@ -33,10 +36,15 @@ def test_role_has_argument_specs_matching_defaults(role: Path):
             assert spec["default"] == value, (
                 f"{role}: {name}: argument_specs default {spec['default']!r} != defaults/main.yml {value!r}"
             )
-    for name in options:
+    for name, spec in options.items():
         assert name.startswith(f"{role.name}_") or name.startswith("_"), (
             f"{role}: variable {name} is not prefixed with the role name"
         )
+        assert name in defaults or spec.get("required"), (
+            f"{role}: option {name} has no default in defaults/main.yml and is not required"
+        )
+        if SECRET.search(name):
+            assert spec.get("no_log") is True, f"{role}: secret {name} must be no_log in argument_specs"
 
 
 def test_there_are_roles():

@@ -305,26 +305,6 @@ def test_model_fetch_from_s3(tmp_path: Path, s3_server, monkeypatch: pytest.Monk
         m.fetch("s3://models/nothing-here", tmp_path / "empty")
 
 
-def test_argument_specs_match_the_defaults() -> None:
-    import yaml
-
-    role = ROOT / "roles" / "sglang"
-    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
-    options = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"][
-        "options"
-    ]
-    assert set(options) == set(defaults), set(options) ^ set(defaults)
-    drift = {k: (options[k].get("default"), v) for k, v in defaults.items() if options[k].get("default") != v}
-    assert not drift, f"argument_specs defaults differ from defaults/main.yml: {drift}"
-    secrets = {k for k, o in options.items() if o.get("no_log")}
-    assert secrets == {
-        "sglang_api_key",
-        "sglang_hf_token",
-        "sglang_s3_access_key_id",
-        "sglang_s3_secret_access_key",
-    }
-
-
 def test_model_fetch_from_hf_without_huggingface_hub_says_what_is_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

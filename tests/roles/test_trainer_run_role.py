@@ -161,22 +161,3 @@ def test_train_playbook_refuses_an_unknown_run_and_lists_the_runs(tmp_path: Path
     assert f"run 'nope' does not exist: no nope.yml in {tmp_path}" in out, out[-2000:]
     assert "runs that exist: qwen36-dflash, tiny" in out
     assert "UNREACHABLE" not in out, "the refusal must come before any connection to the node"
-
-
-def test_argument_specs_match_the_defaults() -> None:
-    import yaml
-
-    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    options = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"][
-        "options"
-    ]
-    assert set(options) == set(defaults), set(options) ^ set(defaults)
-    drift = {k: (options[k].get("default"), v) for k, v in defaults.items() if options[k].get("default") != v}
-    assert not drift, f"argument_specs defaults differ from defaults/main.yml: {drift}"
-    secrets = {k for k, o in options.items() if o.get("no_log")}
-    assert secrets == {
-        "trainer_run_s3_access_key_id",
-        "trainer_run_s3_secret_access_key",
-        "trainer_run_wandb_api_key",
-        "trainer_run_sglang_api_key",
-    }
