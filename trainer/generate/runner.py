@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -105,6 +106,7 @@ class Generator:
             ep.inflight += 1
             task = asyncio.create_task(self._request(ep, work))
             ep.tasks.add(task)
+            task.add_done_callback(functools.partial(self._request_done, ep, work))
 
     # ------------------------------------------------------------------ one request
     def _body(self, work: Work) -> dict[str, Any]:
@@ -118,10 +120,15 @@ class Generator:
             await self._call(ep, work)
         except asyncio.CancelledError:
             self._requeue(work)  # the endpoint was put aside while this request was in flight
-        finally:
-            ep.inflight -= 1
-            ep.tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
-            self.wake.set()
+
+    def _request_done(self, ep: Endpoint, work: Work, task: asyncio.Task[None]) -> None:
+        # Bookkeeping lives in a done-callback, not in _request: a task cancelled before its first step
+        # never enters the coroutine, so a `finally` there would leak the slot and lose the prompt.
+        ep.inflight -= 1
+        ep.tasks.discard(task)
+        if task.cancelled():
+            self._requeue(work)
+        self.wake.set()
 
     def _requeue(self, work: Work) -> None:
         self.progress.c.requeued += 1
