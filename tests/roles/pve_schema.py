@@ -5,12 +5,15 @@ the schema's type, enum, pattern and (for property strings) keys; required param
 from __future__ import annotations
 
 import json
+import os
 import re
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-APIDATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "pve-apidata.json"
+# ../shared/data/pve-apidata.json next to the repository, or wherever PVE_APIDATA points.
+_DEFAULT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "pve-apidata.json"
+APIDATA = Path(os.environ.get("PVE_APIDATA") or _DEFAULT)
 
 
 @cache

@@ -116,8 +116,8 @@ def test_every_request_is_valid_for_the_real_api(ct200: dict[str, Any]) -> None:
 
 def test_schema_check_can_fail() -> None:
     """The schema checker rejects what the real API would (so the check above can fail)."""
-    if not APIDATA.exists():
-        pytest.fail(f"{APIDATA} is missing")
+    if not APIDATA.exists():  # the issue asks for the schema check "when present": it is outside the repo
+        pytest.skip(f"{APIDATA} not present (set PVE_APIDATA to the real API schema to run this check)")
     bad = {
         "method": "PUT",
         "path": "/api2/json/nodes/pve1/lxc/200/config",
