@@ -77,7 +77,6 @@ def adopt_remote(mirror: Any, timeout_s: float, backoff_s: float, backoff_max_s:
 def stage(cfg: RunConfig) -> int:
     from trainer.generate.store import ShardStore, StoreLocked
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     g = cfg.generate
     if not g.endpoints:
         raise ConfigError("generate.endpoints: empty; list the SGLang base URLs (e.g. http://10.0.0.5:30000)")

@@ -10,8 +10,7 @@ import logging
 import ssl
 from typing import Any
 
-import httpcore
-import httpx
+import aiohttp
 
 from trainer.generate.config import GenerateConfig
 
@@ -20,8 +19,9 @@ log = logging.getLogger("trainer.generate")
 
 @functools.cache
 def ssl_context() -> ssl.SSLContext:
-    """One verified TLS context for every client (building one reads the CA bundle: ~0.1 s)."""
-    return httpx.create_ssl_context()
+    """One verified TLS context for every endpoint: the system's CA store (SSL_CERT_FILE / SSL_CERT_DIR
+    point it at a private CA); building one reads the bundle, so it is built once."""
+    return ssl.create_default_context()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,9 +38,9 @@ class Reply:
 
 
 # what a request can raise when the endpoint (not the prompt) is at fault
-TIMEOUT_ERRORS = (httpx.TimeoutException, httpcore.TimeoutException)
-TRANSPORT_ERRORS = (httpx.TransportError, httpcore.NetworkError, httpcore.ProtocolError,
-                    httpcore.ProxyError, httpcore.UnsupportedProtocol)
+# (timeouts first: aiohttp's ServerTimeoutError is both a TimeoutError and a ClientError)
+TIMEOUT_ERRORS = (TimeoutError,)
+TRANSPORT_ERRORS = (aiohttp.ClientError,)
 
 
 class FatalEndpointError(RuntimeError):
@@ -101,13 +101,12 @@ class Endpoint:
         self.cfg = cfg
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.capacity = cfg.concurrency or cfg.default_concurrency
-        self._ssl = ssl_context()
-        self.client = self._new_client()  # health probes
-        self._free: list[httpcore.AsyncConnectionPool] = []  # one keep-alive connection per window slot
-        self._post_headers = [(b"Content-Type", b"application/json"),
-                              *((k.encode(), v.encode()) for k, v in self.headers.items())]
-        self._timeouts = {"connect": cfg.connect_timeout_s, "read": cfg.request_timeout_s,
-                          "write": cfg.connect_timeout_s, "pool": cfg.connect_timeout_s}
+        self._session: aiohttp.ClientSession | None = None  # made in the event loop, on first use
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s,
+                                              sock_connect=cfg.connect_timeout_s,
+                                              sock_read=cfg.request_timeout_s)
+        self._probe_timeout = aiohttp.ClientTimeout(total=cfg.connect_timeout_s)
+        self._closing: set[asyncio.Task] = set()
         self.up = False
         self.disabled = ""  # reason, when FatalEndpointError put it out for the run
         self.down_reason = "not probed yet"
@@ -120,27 +119,21 @@ class Endpoint:
         self.downs = 0
         self.tokens_out = 0
 
-    def _new_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.url, headers=self.headers, verify=self._ssl,
-            timeout=httpx.Timeout(self.cfg.request_timeout_s, connect=self.cfg.connect_timeout_s),
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-        )
+    def session(self) -> aiohttp.ClientSession:
+        """The endpoint's keep-alive pool (aiohttp: C-accelerated HTTP parsing, ~0.6 ms of client CPU per
+        completion against ~1.7 ms with httpx/httpcore). No connection limit: the window is the limit."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ssl=ssl_context(), keepalive_timeout=60),
+                headers=self.headers, timeout=self._timeout, raise_for_status=False)
+        return self._session
 
     async def post(self, path: str, body: dict[str, Any]) -> Reply:
-        """POST on a slot's own keep-alive connection (httpcore, without httpx's per-request URL, cookie
-        and header machinery, and without a shared pool that scans every connection on each request:
-        at a window of 64+ both cost more CPU than the request itself)."""
-        conn = self._free.pop() if self._free else httpcore.AsyncConnectionPool(
-            ssl_context=self._ssl, max_connections=1, max_keepalive_connections=1)
-        try:
-            r = await conn.request("POST", self.url + path, headers=self._post_headers,
-                                   content=json.dumps(body).encode(), extensions={"timeout": self._timeouts})
-        except BaseException:
-            await conn.aclose()  # its connection may be half-used: never reuse it
-            raise
-        self._free.append(conn)
-        return Reply(r.status, r.content)
+        """POST a JSON body; the whole answer is read (non-streaming). A cancelled request's connection
+        is closed, never reused."""
+        async with self.session().post(self.url + path, data=json.dumps(body).encode(),
+                                       headers={"Content-Type": "application/json"}) as r:
+            return Reply(r.status, await r.read())
 
     @property
     def load(self) -> float:
@@ -152,25 +145,29 @@ class Endpoint:
     async def probe(self) -> bool:
         """GET /health; then (with concurrency 0) the window from /get_server_info's max_running_requests."""
         try:
-            r = await self.client.get("/health", timeout=self.cfg.connect_timeout_s)
-        except httpx.HTTPError as e:
+            status, _ = await self._get("/health")
+        except (aiohttp.ClientError, TimeoutError) as e:
             self.down_reason = f"/health: {type(e).__name__}: {e}"
             return False
-        if r.status_code in (401, 403):
+        if status in (401, 403):
             raise FatalEndpointError(
-                f"{self.url}/health: HTTP {r.status_code} (check ${self.cfg.api_key_env})")
-        if r.status_code != 200:
-            self.down_reason = f"/health: HTTP {r.status_code}"
+                f"{self.url}/health: HTTP {status} (check ${self.cfg.api_key_env})")
+        if status != 200:
+            self.down_reason = f"/health: HTTP {status}"
             return False
         if not self.cfg.concurrency:
             self.capacity = await self._server_capacity()
         return True
 
+    async def _get(self, path: str) -> tuple[int, bytes]:
+        async with self.session().get(self.url + path, timeout=self._probe_timeout) as r:
+            return r.status, await r.read()
+
     async def _server_capacity(self) -> int:
         try:
-            r = await self.client.get("/get_server_info", timeout=self.cfg.connect_timeout_s)
-            value = r.json().get("max_running_requests") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            status, content = await self._get("/get_server_info")
+            value = json.loads(content).get("max_running_requests") if status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
             value = None
         if isinstance(value, int) and value > 0:
             return value
@@ -216,15 +213,18 @@ class Endpoint:
         return f"{self.url} {self.inflight}/{self.capacity}"
 
     async def aclose(self) -> None:
-        for client in [self.client, *self._free]:
-            await client.aclose()
-        self._free.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     def drop_connections(self) -> None:
-        """Forget the idle connections (after an outage they point at a dead server)."""
-        old, self._free = self._free, []
-        for client in old:
-            asyncio.get_running_loop().create_task(client.aclose())
+        """Forget the pooled connections (after an outage they point at a dead server); the next request
+        opens a fresh pool. The requests in flight on the old one are being cancelled by the caller."""
+        old, self._session = self._session, None
+        if old is not None:
+            task = asyncio.get_running_loop().create_task(old.close())
+            self._closing.add(task)  # the loop holds tasks weakly
+            task.add_done_callback(self._closing.discard)
 
     def stats(self) -> dict[str, Any]:
         return {"completed": self.completed, "errors": self.errors, "downs": self.downs,
