@@ -27,7 +27,8 @@ def release(fact):
 
 
 def test_bindeb_pkg_produced_image_and_headers(host, fact, release):
-    debs = host.check_output(f"ls {CACHE}/debs/{fact['cache_key']}").split()
+    files = host.check_output(f"ls {CACHE}/debs/{fact['cache_key']}").split()
+    debs = [f for f in files if f.endswith(".deb")]
     packages = {host.check_output(f"dpkg-deb -f {CACHE}/debs/{fact['cache_key']}/{d} Package") for d in debs}
     assert {f"linux-image-{release}", f"linux-headers-{release}"} <= packages, packages
 
