@@ -7,7 +7,7 @@ stand-in. It needs only the Python standard library:
 
     python3 tests/doubles/sglang_server.py --host 127.0.0.1 --port 30000 [--model NAME] [--latency S]
         [--tokens-per-s N] [--error-rate P] [--die-after N] [--max-running N] [--seed S]
-        [--reasoning-parser qwen3] [--api-key KEY] [--context-length N]
+        [--reasoning-parser qwen3] [--api-key KEY] [--context-length N] [--tls-cert PEM --tls-key PEM]
 
 It serves SGLang's response shapes: GET /health, /health_generate, /get_model_info, /get_server_info,
 /v1/models and POST /v1/chat/completions (non-streaming). The completion is a pure function of the
@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import random
+import ssl
 import sys
 import threading
 import time
@@ -273,6 +274,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reasoning-parser", default="", choices=["", "qwen3"])
     p.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY' (health exempt)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate (PEM) ...")
+    p.add_argument("--tls-key", default="", help="... and this key")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     if args.max_running < 1:
@@ -288,7 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     ThreadingHTTPServer.request_queue_size = 1024
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
-    sys.stderr.write(f"sglang double serving {args.model} on http://{args.host}:{args.port}\n")
+    scheme = "http"
+    if args.tls_cert:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key or None)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    sys.stderr.write(f"sglang double serving {args.model} on {scheme}://{args.host}:{args.port}\n")
     sys.stderr.flush()
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever(poll_interval=0.2)

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -36,9 +37,11 @@ def free_port() -> int:
 
 
 class Double:
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], ca: Path | None = None) -> None:
+        """With `ca`, args carry --tls-cert/--tls-key and the double serves HTTPS signed by that CA."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
+        self.tls = ssl.create_default_context(cafile=str(ca)) if ca else None
         self.args = args
         self.proc: subprocess.Popen | None = None
         self.start()
@@ -49,7 +52,7 @@ class Double:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1):
+                with urllib.request.urlopen(self.url + "/health", timeout=1, context=self.tls):
                     return
             except OSError:
                 if self.proc.poll() is not None:
@@ -59,7 +62,7 @@ class Double:
         raise RuntimeError(f"SGLang double on {self.url} did not come up")
 
     def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/double/stats", timeout=5) as r:
+        with urllib.request.urlopen(self.url + "/double/stats", timeout=5, context=self.tls) as r:
             return json.loads(r.read())
 
     def stop(self) -> None:
@@ -146,7 +149,7 @@ def check_output(out: Path, expected: dict[str, list[dict[str, str]]], thinking:
         assert answer["reasoning_content"] == reasoning, r["id"]
         assert r["finish_reason"] == "stop"
         assert r["usage"]["completion_tokens"] > 0
-        assert r["endpoint"].startswith("http://127.0.0.1:")
+        assert r["endpoint"].startswith(("http://127.0.0.1:", "https://127.0.0.1:"))
     return records
 
 
