@@ -157,16 +157,16 @@ def test_interrupted_sync_resumes_without_refetching_completed_files(s3_server: 
          "--endpoint-url", s3_server.endpoint_url, "--concurrency", "2"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    # Only finished files count: in flight there are our NAME.part and boto3's own NAME.part.XXXXXXXX.
+    def finished() -> list[Path]:
+        return [p for p in dst.rglob("*") if p.is_file() and ".part" not in p.name]
+
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        done = [p for p in dst.rglob("*") if p.is_file() and not p.name.endswith(".part")]
-        if len(done) >= 10:
-            break
+    while time.monotonic() < deadline and len(finished()) < 10:
         time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)  # the hard way: no cleanup, maybe a .part left behind
+    os.kill(proc.pid, signal.SIGKILL)  # the hard way: no cleanup, maybe partial files left behind
     proc.wait()
-    complete = {p: p.stat().st_mtime_ns for p in dst.rglob("*")
-                if p.is_file() and not p.name.endswith(".part")}
+    complete = {p: p.stat().st_mtime_ns for p in finished()}
     assert 10 <= len(complete) < N_FILES, "the sync was not interrupted mid-way"
     counting = Counting(client)
     stats = S3Sync(counting, bucket, "r", show_progress=False).download(dst)
@@ -174,10 +174,33 @@ def test_interrupted_sync_resumes_without_refetching_completed_files(s3_server: 
     fetched = {k.removeprefix("r/") for k in counting.calls}
     assert not fetched & {str(p.relative_to(dst)) for p in complete}
     assert all(p.stat().st_mtime_ns == t for p, t in complete.items())
-    assert not list(dst.rglob("*.part"))
+    assert not list(dst.rglob("*.part*")), "an interrupted download's partial file was left behind"
     for p in (tmp_path / "src").rglob("*"):
         if p.is_file():
             assert (dst / p.relative_to(tmp_path / "src")).read_bytes() == p.read_bytes()
+
+
+def test_leftovers_of_a_killed_download_are_cleared(s3_server: Any, tmp_path: Path) -> None:
+    """A SIGKILLed sync leaves our NAME.part and boto3's NAME.part.XXXXXXXX; the next sync removes both,
+    whether it re-fetches the file or finds it already complete, and leaves look-alike names alone."""
+    client = _client(s3_server)
+    bucket = _bucket(client)
+    client.put_object(Bucket=bucket, Key="l/a.bin", Body=b"alpha")
+    client.put_object(Bucket=bucket, Key="l/sub/b.bin", Body=b"beta")
+    dst = tmp_path / "d"
+    (dst / "sub").mkdir(parents=True)
+    (dst / "a.bin").write_bytes(b"alpha")  # complete: skipped, but its leftovers still go
+    leftovers = [dst / "a.bin.part.0fA9c3B1", dst / "sub" / "b.bin.part", dst / "sub" / "b.bin.part.DEADBEEF"]
+    for p in leftovers:
+        p.write_bytes(b"half")
+    keep = [dst / "a.bin.partition", dst / "sub" / "b.bin.part.notours"]
+    for p in keep:
+        p.write_bytes(b"mine")
+    stats = S3Sync(client, bucket, "l", show_progress=False).download(dst)
+    assert (stats.skipped, stats.transferred) == (1, 1)
+    assert not any(p.exists() for p in leftovers)
+    assert all(p.read_bytes() == b"mine" for p in keep)
+    assert (dst / "sub" / "b.bin").read_bytes() == b"beta"
 
 
 def test_outage_fails_with_the_endpoint_then_recovers(s3_server: Any, tmp_path: Path) -> None:

@@ -7,16 +7,20 @@
   an object none of these can verify is checked by size only and counted as `unverified`.
 - Resume: a local file that already matches is skipped (re-hashed, not re-downloaded); downloads land in
   `NAME.part` and are renamed only once verified, so an interrupted sync never leaves a bad file behind.
+  The leftovers of a killed sync (`NAME.part`, and boto3's own `NAME.part.XXXXXXXX` temp files) are
+  removed when the file is next synced.
 - Retries with exponential backoff and jitter per file, on top of botocore's own retries; a failure
   names the file and the endpoint. A progress bar shows bytes/s.
 """
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import logging
 import os
 import random
+import string
 import threading
 import time
 from collections.abc import Callable
@@ -99,6 +103,14 @@ def matches(path: Path, head: dict[str, Any], chunk_bytes: int = 16 * MB) -> boo
                 return True
         return None
     return None
+
+
+def _clear_partials(dest: Path) -> None:
+    """Remove what a killed download of `dest` left: our `NAME.part` and boto3's `NAME.part.XXXXXXXX`."""
+    for p in dest.parent.glob(glob.escape(dest.name + PART_SUFFIX) + "*"):
+        rest = p.name[len(dest.name + PART_SUFFIX):]
+        if rest == "" or (len(rest) == 9 and rest[0] == "." and all(c in string.hexdigits for c in rest[1:])):
+            p.unlink(missing_ok=True)
 
 
 def _client_error_code(e: BaseException) -> str:
@@ -193,6 +205,8 @@ class S3Sync:
 
         def attempt() -> str:
             head = self.client.head_object(Bucket=self.bucket, Key=key)
+            if dest.parent.is_dir():
+                _clear_partials(dest)
             if dest.exists() and matches(dest, head, self.chunk_bytes) is not False:
                 progress(head["ContentLength"])
                 return "skipped"
