@@ -101,7 +101,7 @@ def test_max_running_caps_concurrency_and_latency_is_applied(sglang: Any) -> Non
     for t in threads:
         t.join()
     elapsed = time.monotonic() - t0
-    assert 0.6 <= elapsed < 3.0  # two waves of two
+    assert elapsed >= 0.6  # two waves of two, 0.3 s each (no upper bound: a loaded CI machine is slower)
     s = d.stats()
     assert s["served"] == 4 and s["max_seen_running"] == 2
 

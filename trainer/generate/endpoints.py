@@ -147,7 +147,7 @@ class Endpoint:
         """GET /health; then (with concurrency 0) the window from /get_server_info's max_running_requests."""
         try:
             status, _ = await self._get("/health")
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except TRANSPORT_ERRORS + TIMEOUT_ERRORS as e:
             self.down_reason = f"/health: {type(e).__name__}: {e}"
             return False
         if status in (401, 403):
@@ -168,7 +168,7 @@ class Endpoint:
         try:
             status, content = await self._get("/get_server_info")
             value = json.loads(content).get("max_running_requests") if status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+        except (*TRANSPORT_ERRORS, *TIMEOUT_ERRORS, ValueError, AttributeError):
             value = None
         if isinstance(value, int) and value > 0:
             return value
