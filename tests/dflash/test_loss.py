@@ -62,8 +62,41 @@ def test_dpace_weights_by_hand() -> None:
     w = dpace_weights(ce, torch.ones(1, 3, dtype=torch.bool), 0.5)
     # P = [1.0, 0.75, 0.45]; w_k = sum_{m>=k} P_m = [2.2, 1.2, 0.45]
     assert w.tolist()[0] == pytest.approx([2.2, 1.2, 0.45], abs=1e-6)
-    w2 = dpace_weights(ce, torch.tensor([[True, False, True]]), 0.5)  # invalid slot: q = 0, q~ = alpha
-    assert w2.tolist()[0] == pytest.approx([1 + 0.5 + 0.3, 0.5 + 0.3, 0.3], abs=1e-6)
+
+
+def test_dpace_invalid_slot_is_a_no_op_in_the_prefix_and_left_out_of_the_suffix() -> None:
+    # SpecForge's _dpace_weight: q~ = 1 on an invalid slot, prefix * mask in the suffix sum.
+    # q = [1, 0.5, (invalid), 0.25], alpha = 0.5 -> q~ = [1, 0.75, 1, 0.625]
+    # P = [1, 0.75, 0.75, 0.46875]; P * valid = [1, 0.75, 0, 0.46875]
+    # w = suffix sums = [2.21875, 1.21875, 0.46875, 0.46875]
+    ce = -torch.log(torch.tensor([[1.0, 0.5, 0.9, 0.25]]))
+    valid = torch.tensor([[True, True, False, True]])
+    w = dpace_weights(ce, valid, 0.5)
+    assert w.tolist()[0] == pytest.approx([2.21875, 1.21875, 0.46875, 0.46875], abs=1e-6)
+    # the old rule (invalid: q~ = alpha, summed in) gave [2.359375, 1.359375, 0.609375, 0.234375]
+    assert w[0, 3].item() == pytest.approx(0.46875)
+    # the invalid slot's CE does not matter
+    ce2 = ce.clone()
+    ce2[0, 2] = 50.0
+    assert torch.equal(dpace_weights(ce2, valid, 0.5), w)
+
+
+def test_dpace_replaces_the_decay_in_the_loss() -> None:
+    # one block of B = 5: slot 0 (anchor, no loss), slots 1..4 with q = [1, 0.5, -, 0.25], slot 3 invalid
+    ce = torch.tensor([[[9.0, 0.0, math.log(2), 7.0, math.log(4)]]])
+    kl = torch.zeros_like(ce)
+    valid = torch.tensor([[[False, True, True, False, True]]])
+    w = [2.21875, 1.21875, 0.46875]  # slots 1, 2, 4 (hand-computed above)
+    expected = (w[0] * 0.0 + w[1] * math.log(2) + w[2] * math.log(4)) / sum(w)
+    for gamma in (0.0, 7.0, -1.0):  # decay_gamma has no effect with dpace (no exp(-(k-1)/gamma) factor)
+        loss, parts = combine(ce, kl, valid, LossConfig(dpace=True, dpace_alpha=0.5, decay_gamma=gamma), 5)
+        assert loss.item() == pytest.approx(expected, abs=1e-6)
+        assert parts["ce"].item() == pytest.approx(expected, abs=1e-6)
+    # without dpace the decay applies: weights exp(-(k-1)/7) on slots 1, 2, 4
+    d = [1.0, math.exp(-1 / 7), math.exp(-3 / 7)]
+    plain = (d[1] * math.log(2) + d[2] * math.log(4)) / sum(d)
+    loss, _ = combine(ce, kl, valid, LossConfig(decay_gamma=7.0), 5)
+    assert loss.item() == pytest.approx(plain, abs=1e-6)
 
 
 def test_kl_is_zero_when_draft_logits_equal_target_logits() -> None:

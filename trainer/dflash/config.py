@@ -47,9 +47,10 @@ class DrafterConfig:
 class LossConfig:
     ce_weight: float = 1.0  # hard-label CE (paper default)
     kl_weight: float = 0.0  # soft-label KL to the target's distribution at a+k-1
-    # exp(-(k-1)/gamma); 0 = by block size (16->7, 10->5, 8->4, else B/2.3); < 0 = no decay
+    # exp(-(k-1)/gamma); 0 = by block size (16->7, 10->5, 8->4, else B/2.3); < 0 = no decay.
+    # Unused with dpace: D-PACE's weights replace the decay (SpecForge, see trainer/dflash/loss.py).
     decay_gamma: float = 0.0
-    dpace: bool = False  # D-PACE streak-aware weights
+    dpace: bool = False  # D-PACE streak-aware weights instead of the decay
     dpace_alpha: float = 0.5
     noise: Literal["none", "gaussian", "uniform"] = "none"  # on the context features
     noise_std: float = 0.05  # initial std, cosine-annealed to 0 over the run

@@ -1,5 +1,6 @@
 """DFlash losses: hard-label CE with exp(-(k-1)/gamma) decay, soft-label KL to the target, D-PACE
-streak-aware weights, context-feature noise; lm_head + loss in activation-checkpointed chunks.
+streak-aware weights (instead of the decay, never on top of it), context-feature noise; lm_head + loss
+in activation-checkpointed chunks.
 
 The draft logits are N*B x vocab (about 4 GB in bf16 per sample at 512 anchors x 16 x 248K), so they are
 never materialised whole: `token_losses` runs lm_head + log-softmax over chunks of rows inside
@@ -38,11 +39,16 @@ def slot_decay(block_size: int, gamma: float, device: torch.device | None = None
 def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
     """D-PACE: q_k = exp(-CE_k) (detached), q~ = (1-a) q + a, P_m = prod_{i<=m} q~_i, w_k = sum_{m>=k} P_m.
 
-    ce, valid: [..., K] over the draft slots 1..B-1 of each block; invalid slots get q = 0.
+    ce, valid: [..., K] over the draft slots 1..B-1 of each block. An invalid slot is a multiplicative
+    no-op in the prefix product (q~ = 1) and is left out of the suffix sum; the caller still multiplies
+    the result by `valid`. As in SpecForge (a6b6b02) specforge/algorithms/common/dflash_family_model.py
+    L245-275 `_dpace_weight`: ``smooth = where(binary_mask_b, (1-alpha)*prob + alpha, 1)``,
+    ``prefix = cumprod(smooth)``, ``suffix = flip(cumsum(flip(prefix * binary_mask)))``.
     """
-    q = torch.exp(-ce.detach().float()) * valid
-    qt = (1 - alpha) * q + alpha
-    p = torch.cumprod(qt, dim=-1)
+    ok = valid.bool()
+    q = torch.exp(-ce.detach().float())
+    qt = torch.where(ok, (1 - alpha) * q + alpha, torch.ones_like(q))
+    p = torch.cumprod(qt, dim=-1) * ok
     return torch.flip(torch.cumsum(torch.flip(p, [-1]), -1), [-1])
 
 
@@ -115,12 +121,20 @@ def token_losses(hidden: torch.Tensor, labels: torch.Tensor, head: Callable[[tor
 
 def combine(ce: torch.Tensor, kl: torch.Tensor, valid: torch.Tensor, cfg: LossConfig, block_size: int
             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Weighted loss over the [bs, N, B] grid: sum(w * (ce_w CE + kl_w KL)) / sum(w)."""
-    w = valid.float() * slot_decay(block_size, decay_gamma(cfg, block_size), ce.device)
+    """Weighted loss over the [bs, N, B] grid: sum(w * (ce_w CE + kl_w KL)) / sum(w).
+
+    w is the decay (loss.dpace false) or the D-PACE weights (loss.dpace true; loss.decay_gamma unused).
+    Normalised by sum(w) in both cases; SpecForge divides its D-PACE sum by the batch size instead
+    (L455-458 of the same file), a per-step scale that AdamW largely cancels.
+    """
     if cfg.dpace:
-        d = torch.zeros_like(w)
-        d[..., 1:] = dpace_weights(ce[..., 1:], valid[..., 1:], cfg.dpace_alpha)
-        w = w * d
+        # D-PACE replaces the exp(-(k-1)/gamma) decay, it does not multiply it: SpecForge (a6b6b02)
+        # dflash_family_model.py L350-372 applies `decay_weights` only when loss_type == "dflash" and
+        # uses `neg_log_q * weight_mask * dpace_weights` for the D-PACE loss types.
+        w = torch.zeros_like(valid, dtype=torch.float32)
+        w[..., 1:] = valid[..., 1:].float() * dpace_weights(ce[..., 1:], valid[..., 1:], cfg.dpace_alpha)
+    else:
+        w = valid.float() * slot_decay(block_size, decay_gamma(cfg, block_size), ce.device)
     denom = w.sum().clamp(min=1e-12)
     ce_loss = (w * ce).sum() / denom
     kl_loss = (w * kl).sum() / denom
