@@ -133,3 +133,43 @@ def test_one_device_at_a_time_runs_once_without_a_process_group() -> None:
     dev.warm_up_target(rt, None)  # CPU: a no-op (never touches the target)
     assert calls == [1]
     assert dev.dist_backend(rt) == "gloo" and not dev.flex_enabled(rt.device)
+
+
+QWEN36_CONFIG = REPO / "tests/fixtures/qwen36-27b/config.json"
+
+
+def test_qwen36_27b_drafter_defaults_follow_specforge() -> None:
+    """The default drafter for Qwen3.6-27B is SpecForge's configs/qwen3.6-27b-dflash.json: 5 layers,
+    hidden 5120, 32 heads x 128, 8 KV heads, FFN 17408, [sliding x4, full], window 2048, rope 1e7 —
+    not the target's own 24 x 256 / 4 KV attention."""
+    import json
+    from types import SimpleNamespace
+
+    from trainer.dflash.config import DrafterConfig
+    from trainer.dflash.drafter import resolve_arch
+    from trainer.dflash.target import default_layer_ids
+
+    tcfg = SimpleNamespace(**json.loads(QWEN36_CONFIG.read_text())["text_config"])
+    assert (tcfg.num_attention_heads, tcfg.num_key_value_heads, tcfg.head_dim) == (24, 4, 256)
+    ids = default_layer_ids(tcfg.num_hidden_layers, 5)
+    a = resolve_arch(DrafterConfig(), tcfg, ids, tcfg.vocab_size)
+    assert ids == (1, 16, 31, 46, 61)
+    assert (a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.intermediate_size) == \
+        (5120, 32, 8, 128, 17408)
+    assert a.layer_types == ("sliding_attention",) * 4 + ("full_attention",)
+    assert (a.sliding_window, a.rope_theta, a.block_size, a.mask_token_id) == (2048, 1e7, 16, 248070)
+    # an explicit setting still wins
+    b = resolve_arch(DrafterConfig(num_attention_heads=40, num_key_value_heads=8), tcfg, ids, tcfg.vocab_size)
+    assert (b.num_attention_heads, b.num_key_value_heads, b.head_dim) == (40, 8, 128)
+
+
+def test_adamw_betas_follow_specforge() -> None:
+    import torch
+
+    from trainer.dflash.config import TrainConfig
+    from trainer.dflash.optim import build_optimizer
+
+    assert TrainConfig().betas == (0.9, 0.999)
+    opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], TrainConfig())
+    assert opt.param_groups[0]["betas"] == (0.9, 0.999)
+    assert opt.param_groups[0]["weight_decay"] == 0.0

@@ -1,8 +1,9 @@
 """Run-config sections `drafter:`, `loss:`, `train:` (owned by trainer/dflash/).
 
 Every size of the drafter defaults to 0 / empty, meaning "derive from the target's config"
-(`trainer.dflash.drafter.resolve_drafter_config`). The Qwen3.6-27B recipe (SpecForge) is the default
-elsewhere: 5 layers, block 16, [sliding x4, full], window 2048, lr 6e-4, warmup 4 %, cosine, clip 1.0.
+(`trainer.dflash.drafter.resolve_arch`). The Qwen3.6-27B recipe (SpecForge) is the default
+elsewhere: 5 layers, block 16, [sliding x4, full], window 2048, lr 6e-4, warmup 4 %, cosine, clip 1.0,
+AdamW betas (0.9, 0.999), weight decay 0.
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ class DrafterConfig:
     target_layer_ids: tuple[int, ...] = ()  # () = round(1 + i*(L-4)/(n-1)), n = num_layers
     hidden_size: int = 0  # 0 = the target's
     intermediate_size: int = 0
-    num_attention_heads: int = 0  # 0 = hidden_size // head_dim
-    num_key_value_heads: int = 0  # 0 = num_attention_heads // 4 (at least 1)
-    head_dim: int = 0  # 0 = 128 (or hidden_size // heads when heads is set)
+    # attention shape, 0 = SpecForge's 32 heads x 128, 8 KV heads for targets with hidden_size >= 2048
+    # (its Qwen3.6-27B config), the target's own shape below (trainer.dflash.drafter.default_attention_shape)
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
     layer_types: tuple[LayerType, ...] = ()  # () = sliding x (n-1) + full
     sliding_window: int = 2048
     rope_theta: float = 0.0  # 0 = the target's
@@ -96,7 +99,11 @@ class TrainConfig:
     lr: float = 6e-4
     min_lr_ratio: float = 0.0  # cosine floor as a fraction of lr
     weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
+    # AdamW betas: SpecForge's recipe, followed. Its BF16Optimizer (specforge/optimizer.py L42, a6b6b02;
+    # built by specforge/training/assembly.py L261-266 for every run, examples/configs/qwen3.6-27b-dflash-
+    # online.yaml included) calls torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay): torch's
+    # default betas (0.9, 0.999). (0.9, 0.95) was a pretraining habit with no DFlash result behind it.
+    betas: tuple[float, float] = (0.9, 0.999)
     warmup_ratio: float = 0.04
     epochs: int = 6
     max_steps: int = 0  # 0 = epochs x batches; >0 caps the optimizer steps

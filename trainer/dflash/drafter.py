@@ -50,12 +50,33 @@ def _target_rope_theta(tcfg: Any) -> float:
     return float(getattr(tcfg, "rope_theta", 1e6))
 
 
+# SpecForge's DFlash drafters are Qwen3 decoder layers with 32 query heads x 128 and 8 KV heads whatever the
+# target's attention: configs/qwen3.6-27b-dflash.json (a6b6b02) has hidden 5120, num_attention_heads 32,
+# head_dim 128, num_key_value_heads 8 while Qwen3.6-27B itself has 24 x 256 and 4 KV heads; so do
+# qwen3-4b/-8b and qwen3.5-4b-dflash.json. Its one small-target config (qwen2.5-0.5b-dflash.json) copies
+# the target's 14 x 64 / 2 instead. Rule here: targets with hidden_size >= 2048 get SpecForge's shape, smaller
+# ones (the tests' and the lab's tiny models) the target's own attention shape.
+SPECFORGE_HEADS, SPECFORGE_KV_HEADS, SPECFORGE_HEAD_DIM = 32, 8, 128
+SPECFORGE_SHAPE_MIN_HIDDEN = 2048
+
+
+def default_attention_shape(tcfg: Any) -> tuple[int, int, int]:
+    """(heads, kv heads, head_dim) of the drafter when drafter.* leaves them at 0."""
+    hidden = int(tcfg.hidden_size)
+    if hidden >= SPECFORGE_SHAPE_MIN_HIDDEN:
+        return SPECFORGE_HEADS, SPECFORGE_KV_HEADS, SPECFORGE_HEAD_DIM
+    heads = int(tcfg.num_attention_heads)
+    return (heads, int(getattr(tcfg, "num_key_value_heads", 0) or heads),
+            int(getattr(tcfg, "head_dim", 0) or hidden // heads))
+
+
 def resolve_arch(cfg: DrafterConfig, tcfg: Any, layer_ids: tuple[int, ...], vocab_size: int) -> DrafterArch:
-    """Fill every unset (0 / empty) drafter size from the target's config."""
+    """Fill every unset (0 / empty) drafter size from the target's config (attention: see above)."""
     hidden = cfg.hidden_size or int(tcfg.hidden_size)
-    head_dim = cfg.head_dim or int(getattr(tcfg, "head_dim", 0) or hidden // tcfg.num_attention_heads)
-    heads = cfg.num_attention_heads or int(tcfg.num_attention_heads)
-    kv = cfg.num_key_value_heads or int(getattr(tcfg, "num_key_value_heads", heads))
+    d_heads, d_kv, d_head_dim = default_attention_shape(tcfg)
+    head_dim = cfg.head_dim or d_head_dim
+    heads = cfg.num_attention_heads or d_heads
+    kv = cfg.num_key_value_heads or d_kv
     if heads % kv:
         raise ValueError(f"drafter.num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
     if not 0 <= cfg.mask_token_id < vocab_size:
