@@ -40,41 +40,37 @@ def wheel_tool() -> ModuleType:
     return _load(ROLE / "files" / "trainer_wheel.py")
 
 
-def test_endpoints_one_per_instance_from_inventory(flt: ModuleType) -> None:
+def _fact(endpoints: list[str], router: str = "") -> dict:
+    """ansible_local.sglang as role sglang writes it (roles/sglang/tasks/units.yml)."""
+    return {"ansible_local": {"sglang": {"endpoints": endpoints, "router": router, "model": "m"}}}
+
+
+def test_endpoints_come_from_the_sglang_nodes_fact(flt: ModuleType) -> None:
+    b1 = [f"http://10.0.1.20:{30000 + i}" for i in range(7)]
     hostvars = {
-        "b200-1": {
-            "ansible_host": "10.0.1.20",
-            "sglang_gpu_count": 7,
-            "sglang_base_port": 30000,
-            "sglang_host": "0.0.0.0",
-        },
-        "b200-2": {
-            "ansible_host": "10.0.1.21",
-            "sglang_gpu_count": 8,
-            "sglang_tp_size": 4,
-            "sglang_host": "10.9.0.2",
-            "sglang_base_port": 31000,
-        },
+        "b200-1": {**_fact(b1, "http://10.0.1.20:8000"), "sglang_gpu_count": 99, "sglang_base_port": 1},
+        "b200-2": _fact(["http://10.9.0.2:31000", "http://10.9.0.2:31001"], "http://10.9.0.2:8000"),
         "ct200": {},
     }
-    urls = flt.sglang_endpoints(hostvars, ["b200-1", "b200-2"], "ct200")
-    assert urls == [f"http://10.0.1.20:{30000 + i}" for i in range(7)] + [
+    # The inventory's sglang_* variables are not read: the fact is the one source.
+    assert flt.sglang_endpoints(hostvars, ["b200-1", "b200-2"]) == b1 + [
         "http://10.9.0.2:31000",
         "http://10.9.0.2:31001",
     ]
+    assert flt.sglang_endpoints(hostvars, ["b200-1", "b200-2"], True) == [
+        "http://10.0.1.20:8000",
+        "http://10.9.0.2:8000",
+    ]
 
 
-def test_endpoints_fall_back_to_the_router_and_refuse_unreachable_loopback(flt: ModuleType) -> None:
-    hv = {"n1": {"ansible_host": "n1.lab", "sglang_router_host": "0.0.0.0", "sglang_router_port": 8001}}
-    assert flt.sglang_endpoints(hv, ["n1"], "ct200") == ["http://n1.lab:8001"]
-    loop = {"n1": {"sglang_gpu_count": 2}}  # binds 127.0.0.1 by default
-    assert flt.sglang_endpoints(loop, ["n1"], "n1") == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
-    with pytest.raises(
-        flt.EndpointError, match=r"SGLang host n1 binds 127\.0\.0\.1, which host ct200 cannot reach"
-    ):
-        flt.sglang_endpoints(loop, ["n1"], "ct200")
-    with pytest.raises(flt.EndpointError, match="router is off"):
-        flt.sglang_endpoints({"n1": {"sglang_router_enabled": False}}, ["n1"], "n1")
+def test_endpoints_refuse_a_node_without_the_fact_and_loopback(flt: ModuleType) -> None:
+    with pytest.raises(flt.EndpointError, match=r"SGLang host n1 publishes no endpoints .*playbooks/sglang.yml"):
+        flt.sglang_endpoints({"n1": {"sglang_gpu_count": 2}}, ["n1"])
+    for url in ("http://127.0.0.1:30000", "http://localhost:30000", "http://[::1]:30000", "http://127.0.1.1:1"):
+        with pytest.raises(flt.EndpointError, match="loopback endpoints .* cannot reach"):
+            flt.sglang_endpoints({"n1": _fact(["http://10.0.0.5:30001", url])}, ["n1"])
+    with pytest.raises(flt.EndpointError, match="runs no router"):
+        flt.sglang_endpoints({"n1": _fact(["http://10.0.0.5:30001"])}, ["n1"], True)
 
 
 def test_endpoint_override_goes_through_the_trainer_loader(flt: ModuleType) -> None:

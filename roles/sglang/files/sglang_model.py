@@ -2,7 +2,9 @@
 """Fetch a model directory for SGLang and verify it by file list and size (role sglang).
 
     sglang_model.py fetch SOURCE DEST      # SOURCE: /local/path | s3://bucket/prefix | hf://org/name[@rev]
-    sglang_model.py verify DEST            # exit 0 when DEST matches its manifest, 1 with the reason
+    sglang_model.py verify DEST [--source SOURCE]  # exit 0 when DEST matches its manifest (and source), 1 with the reason
+    sglang_model.py stage SRC DEST         # copy a verified local model to DEST (e.g. /dev/shm) unless DEST
+                                           # already holds it; refuses when DEST's filesystem lacks the space
 
 A fetch copies every file, then writes DEST/.sglang-model.json (source + {relative path: size}).
 `verify` checks that manifest against the disk (every file present with its size, nothing listed
@@ -63,15 +65,18 @@ def check_shards(root: Path, files: dict[str, int]) -> None:
         raise ModelError(f"{root}: shards hold {have} bytes, fewer than the index's total_size {total}")
 
 
-def verify(root: Path) -> dict[str, int]:
-    """Check root against its manifest; return the manifest's file sizes."""
+def verify(root: Path, source: str | None = None) -> dict[str, int]:
+    """Check root against its manifest (and, given, the source it was fetched from); return its file sizes."""
     mpath = root / MANIFEST
     if not mpath.is_file():
         raise ModelError(f"{root}: no {MANIFEST} (never fetched, or the fetch did not finish)")
     try:
-        listed = json.loads(mpath.read_text())["files"]
+        manifest = json.loads(mpath.read_text())
+        listed = manifest["files"]
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"{mpath}: unreadable manifest ({e})") from e
+    if source is not None and manifest.get("source") != source:
+        raise ModelError(f"{root}: fetched from {manifest.get('source')!r}, not {source!r}")
     disk = scan(root)
     for rel, size in listed.items():
         if rel not in disk:
@@ -152,6 +157,27 @@ def fetch(source: str, dest: Path) -> dict[str, int]:
     return files
 
 
+def stage(src: Path, dest: Path) -> dict[str, int]:
+    """Copy the verified model at src to dest unless dest already holds the same files."""
+    files = verify(src)
+    try:
+        if verify(dest) == files:
+            return files
+    except ModelError:
+        pass
+    need = sum(files.values())
+    probe = dest if dest.exists() else dest.parent
+    probe.mkdir(parents=True, exist_ok=True)
+    have = shutil.disk_usage(probe).free + sum(scan(dest).values() if dest.is_dir() else [0])
+    if have < need:
+        raise ModelError(
+            f"{dest}: staging {src} needs {need / 2**30:.2f} GiB, only {have / 2**30:.2f} GiB free there"
+        )
+    if dest.is_dir():
+        shutil.rmtree(dest)
+    return fetch(str(src), dest)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -160,9 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("dest", type=Path)
     v = sub.add_parser("verify")
     v.add_argument("dest", type=Path)
+    v.add_argument("--source", default=None)
+    s = sub.add_parser("stage")
+    s.add_argument("src", type=Path)
+    s.add_argument("dest", type=Path)
     args = p.parse_args(argv)
     try:
-        files = fetch(args.source, args.dest) if args.cmd == "fetch" else verify(args.dest)
+        if args.cmd == "fetch":
+            files = fetch(args.source, args.dest)
+        elif args.cmd == "stage":
+            files = stage(args.src, args.dest)
+        else:
+            files = verify(args.dest, args.source)
     except ModelError as e:
         print(f"model: {e}", file=sys.stderr)
         return 1

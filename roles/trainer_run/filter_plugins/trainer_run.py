@@ -1,59 +1,67 @@
-"""Filters of role trainer_run: the SGLang endpoints a generate run uses, read from the inventory.
+"""Filters of role trainer_run: the SGLang endpoints a generate run uses, as the SGLang nodes publish them.
 
-`hostvars | trainer_run_sglang_endpoints(groups['sglang_nodes'], inventory_hostname)` returns one
-http:// base URL per SGLang instance of every host in the group, from the variables role sglang reads
-(sglang_gpu_count, sglang_tp_size, sglang_base_port, sglang_host, sglang_router_*). When a host's GPU count
-is not known from the inventory (sglang_gpu_count 0 = counted on the node) its router is used instead.
-The address is the bind address when it is a specific one, else the host's ansible_host (or 127.0.0.1
-when the SGLang host is the run's own host and binds loopback).
+`hostvars | trainer_run_sglang_endpoints(groups['sglang_nodes'])` returns the endpoints that role sglang
+published on every host of the group as its local fact (/etc/ansible/facts.d/sglang.fact, read back as
+`ansible_local.sglang`; role trainer_run gathers it from those hosts first). One source: nothing here
+recomputes ports, counts or addresses from inventory defaults. `via_router=True` returns each host's
+router instead of its instances. A host without the fact, or an endpoint on a loopback address (which no
+other host can reach), is refused with a message that says what to do.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-ANY = {"0.0.0.0", "::", ""}
+try:  # Ansible shows an AnsibleFilterError's message as is; tests load this file without Ansible too
+    from ansible.errors import AnsibleFilterError as _Base
+except ImportError:  # pragma: no cover
+    _Base = ValueError  # type: ignore[misc,assignment]
 
 
-class EndpointError(ValueError):
-    """An inventory that does not say where a generate run's endpoints are."""
+class EndpointError(_Base):  # type: ignore[misc,valid-type]
+    """SGLang endpoints that a generate run cannot use."""
 
 
-def _address(hv: Mapping[str, Any], name: str, bind: str, this_host: str) -> str:
-    if bind in LOOPBACK:
-        if name != this_host:
-            raise EndpointError(
-                f"SGLang host {name} binds {bind}, which host {this_host} cannot reach: set sglang_host "
-                f"(and sglang_api_key) for {name}, or set trainer_run_endpoints"
-            )
-        return "127.0.0.1"
-    if bind in ANY:
-        return str(hv.get("ansible_host") or name)
-    return bind
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def sglang_endpoints(
-    hostvars: Mapping[str, Mapping[str, Any]], hosts: Sequence[str], this_host: str
+    hostvars: Mapping[str, Mapping[str, Any]], hosts: Sequence[str], via_router: bool = False
 ) -> list[str]:
     urls: list[str] = []
     for name in hosts:
-        hv = hostvars[name]
-        gpus = int(hv.get("sglang_gpu_count", 0) or 0)
-        tp = int(hv.get("sglang_tp_size", 1) or 1)
-        if gpus > 0:
-            host = _address(hv, name, str(hv.get("sglang_host", "127.0.0.1")), this_host)
-            base = int(hv.get("sglang_base_port", 30000))
-            urls += [f"http://{host}:{base + i}" for i in range(gpus // tp)]
-        elif hv.get("sglang_router_enabled", True):
-            host = _address(hv, name, str(hv.get("sglang_router_host", "127.0.0.1")), this_host)
-            urls.append(f"http://{host}:{int(hv.get('sglang_router_port', 8000))}")
-        else:
+        fact = (hostvars[name].get("ansible_local") or {}).get("sglang")
+        if not isinstance(fact, Mapping) or "endpoints" not in fact:
             raise EndpointError(
-                f"SGLang host {name}: sglang_gpu_count is 0 (counted on the node) and the router is off; "
-                "set sglang_gpu_count in the inventory or trainer_run_endpoints"
+                f"SGLang host {name} publishes no endpoints (no ansible_local.sglang): deploy it first "
+                "(ansible-playbook playbooks/sglang.yml), or set trainer_run_endpoints"
             )
+        if via_router:
+            if not fact.get("router"):
+                raise EndpointError(f"SGLang host {name} runs no router (sglang_router_enabled is false)")
+            found = [str(fact["router"])]
+        else:
+            found = [str(u) for u in fact["endpoints"]]
+        if not found:
+            raise EndpointError(f"SGLang host {name} publishes an empty endpoint list")
+        loop = [u for u in found if _is_loopback(u)]
+        if loop:
+            raise EndpointError(
+                f"SGLang host {name} publishes loopback endpoints {', '.join(loop)}, which the training node "
+                f"cannot reach: set sglang_host to a reachable address (or 0.0.0.0) and sglang_api_key for {name}, "
+                "or sglang_advertise_host"
+            )
+        urls += found
     return urls
 
 

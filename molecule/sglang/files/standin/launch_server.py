@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""STAND-IN for `python -m sglang.launch_server` (test/lab mode of role sglang). It is not SGLang.
+"""STAND-IN for `python -m sglang.launch_server`: module `sglang.launch_server` of the stand-in `sglang`
+wheel that molecule/sglang and the lab install in place of SGLang. It is not SGLang.
 
-SGLang cannot serve on a CPU-only machine, so in `sglang_mode: standin` the unit `sglang@.service` runs
-this wrapper instead. It accepts SGLang's launch_server arguments (the unit's command line is the same
-in both modes), maps the ones the SGLang double understands and execs the double
-(`sglang_server.py`, copied next to this file by the role). Arguments the double has no use for
-(--tp-size, --mem-fraction-static, ...) are accepted and ignored.
+SGLang is an 11 GB install that cannot serve on a CPU-only machine, so the tests install a small wheel
+named `sglang` at the pinned version (sglang_standin_wheels.py builds it) with uv, exactly as role sglang
+installs the real one, and the unit runs the production command `VENV/bin/python -m sglang.launch_server`.
+This module takes the launch_server arguments role sglang emits and, like SGLang's ServerArgs
+(python/sglang/srt/server_args.py, argparse), refuses any other with exit 2. It maps what the SGLang
+double understands and execs the double (`_double.py` in the same package, a copy of
+tests/doubles/sglang_server.py). Arguments the double has no use for (--tp-size,
+--mem-fraction-static) are accepted and have no effect.
 
 Test switch: `--standin-never-healthy` serves 503 on every path forever, so the role's readiness
 timeout (and its message naming the instance + journal tail) can be tested.
@@ -19,10 +23,10 @@ import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-DOUBLE = Path(__file__).with_name("sglang_server.py")
+DOUBLE = Path(__file__).with_name("_double.py")
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="stand-in for sglang.launch_server (runs the SGLang double)")
     p.add_argument("--model-path", required=True)
     p.add_argument("--served-model-name", default="")
@@ -32,8 +36,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--reasoning-parser", default="")
     p.add_argument("--context-length", type=int, default=0)
     p.add_argument("--max-running-requests", type=int, default=0)
+    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--standin-never-healthy", action="store_true")
-    return p.parse_known_args(argv)
+    return p.parse_args(argv)
 
 
 def double_argv(a: argparse.Namespace) -> list[str]:
@@ -72,16 +78,14 @@ class Unhealthy(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, ignored = parse(sys.argv[1:] if argv is None else argv)
-    if ignored:
-        sys.stderr.write(f"sglang stand-in: ignoring SGLang-only arguments {' '.join(ignored)}\n")
+    args = parse(sys.argv[1:] if argv is None else argv)
     if args.standin_never_healthy:
         sys.stderr.write(f"sglang stand-in: port {args.port} will never become healthy (test switch)\n")
         sys.stderr.flush()
         HTTPServer((args.host, args.port), Unhealthy).serve_forever()
         return 1
     if not DOUBLE.is_file():
-        sys.stderr.write(f"sglang stand-in: {DOUBLE} is missing (role sglang copies it in standin mode)\n")
+        sys.stderr.write(f"sglang stand-in: {DOUBLE} is missing (sglang_standin_wheels.py packs it into the wheel)\n")
         return 2
     argv_ = double_argv(args)
     sys.stderr.flush()

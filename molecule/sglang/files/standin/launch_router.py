@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""STAND-IN for `python -m sglang_router.launch_router` (test/lab mode of role sglang). Not the router.
+"""STAND-IN for `python -m sglang_router.launch_router`: module `sglang_router.launch_router` of the
+stand-in `sglang-router` wheel that molecule/sglang and the lab install in place of the router. Not the router.
 
 The real router (sglang-router, a Rust wheel of ~30 MB plus aiohttp/fastapi/uvicorn) is what production
-runs. In `sglang_mode: standin` the unit `sglang-router.service` runs this stdlib-only round-robin proxy
-with the same arguments (--host, --port, --worker-urls, --policy, --api-key), so the unit, its ordering
-and the readiness check are exercised without installing it. /health answers 200 when at least one
+runs. The tests install this stdlib-only round-robin proxy under the same module name and version, so
+the unit's production command line (--host, --port, --worker-urls, --policy, --api-key; any other
+argument is refused with exit 2, as the real router's argparse does), its ordering and the readiness
+check are exercised without installing it. /health answers 200 when at least one
 worker answers /health; requests are forwarded to the workers in turn, skipping those that fail to
 connect.
 """
@@ -22,14 +24,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
 
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="stand-in for sglang_router.launch_router (round-robin proxy)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--worker-urls", nargs="+", required=True)
     p.add_argument("--policy", default="round_robin")
     p.add_argument("--api-key", default="")
-    return p.parse_known_args(argv)
+    return p.parse_args(argv)
 
 
 class Router:
@@ -88,9 +90,7 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, ignored = parse(sys.argv[1:] if argv is None else argv)
-    if ignored:
-        sys.stderr.write(f"router stand-in: ignoring router-only arguments {' '.join(ignored)}\n")
+    args = parse(sys.argv[1:] if argv is None else argv)
     server = ThreadingHTTPServer((args.host, args.port), make_handler(Router(args.worker_urls, args.api_key)))
     server.daemon_threads = True
     sys.stderr.write(f"router stand-in on http://{args.host}:{args.port} -> {' '.join(args.worker_urls)}\n")
