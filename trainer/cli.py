@@ -57,6 +57,30 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from trainer.dflash.plan import build_plan, format_plan, plan_json, read_model_config
+
+    cfg = load_from_args(args)
+    path = args.model_config or Path(cfg.target.path) / "config.json"
+    capacity = args.gpu_memory_gb or cfg.train.placement.gpu_memory_gb
+    plan = build_plan(cfg, read_model_config(path), capacity)
+    print(json.dumps(plan_json(cfg, plan), indent=2) if args.json else format_plan(cfg, plan))
+    if plan.too_big:
+        worst = max(plan.too_big, key=lambda g: g.total)
+        print(f"error: run {cfg.name} does not fit: GPU {worst.gpu} needs {worst.total / 1e9:.1f} GB "
+              f"(target weights {worst.target_weights / 1e9:.1f}, "
+              f"drafter + AdamW {worst.drafter_state / 1e9:.1f}, "
+              f"activations {(worst.target_activations + worst.drafter_activations) / 1e9:.1f}, logits "
+              f"{worst.logits_chunk / 1e9:.1f}) of {capacity:g} GB; {len(plan.too_big)} of {len(plan.gpus)} "
+              f"GPUs over. Spread target and drafter (train.placement.target_gpus / drafter_gpus), lower "
+              f"data.max_length, drafter.max_anchors or loss.chunk_blocks, or use larger cards.",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_tiny_target(args: argparse.Namespace) -> int:
     from trainer.data.tiny_tokenizer import build_tiny_tokenizer
     from trainer.dflash.tiny import build_tiny_target
@@ -87,6 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="validate a run config and exit")
     add_run_config_args(p)
     p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser(
+        "plan", help="per-GPU memory and FLOPs of the train stage from config.json alone; exit 1 if it "
+        "cannot fit")
+    add_run_config_args(p)
+    p.add_argument("--model-config", type=Path, default=None,
+                   help="the target's config.json (default: <target.path>/config.json); no weights are read")
+    p.add_argument("--gpu-memory-gb", type=float, default=0.0,
+                   help="memory of one GPU in GB (default: train.placement.gpu_memory_gb, itself 80)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser(
         "make-tiny-target",

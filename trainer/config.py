@@ -255,6 +255,10 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
 
+    def __post_init__(self) -> None:
+        if self.train.upload_checkpoints and not self.s3.enabled:
+            raise ValueError("train.upload_checkpoints is set but s3.bucket is empty")
+
     @property
     def run_path(self) -> Path:
         return Path(self.run_dir.format(name=self.name))

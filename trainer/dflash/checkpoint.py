@@ -124,3 +124,16 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def upload_checkpoint(path: Path, s3: Any) -> str:
+    """Copy a step dir to ``s3://<bucket>/<prefix>/checkpoints/<step dir>/`` (`s3`: an S3Config); -> URL."""
+    from trainer.data.sync import S3Sync
+    from trainer.s3 import join_key, make_client
+
+    key = join_key(s3.prefix, "checkpoints", path.name)
+    client = make_client(s3, max_pool_connections=s3.concurrency * 8 + 4)
+    S3Sync(client, s3.bucket, key, concurrency=s3.concurrency, show_progress=False).upload(path)
+    url = f"s3://{s3.bucket}/{key}"
+    log.info("checkpoint uploaded: %s", url)
+    return url

@@ -86,12 +86,36 @@ class PlacementConfig:
     target_gpus: tuple[int, ...] = ()
     drafter_gpus: tuple[int, ...] = ()  # () = local_rank
     nnodes: int = 1
-    nproc_per_node: int = 1
-    rdzv_endpoint: str = "localhost:29500"
+    nproc_per_node: int = 1  # > 1 (or nnodes > 1): the train stage starts torchrun itself, one rank per GPU
+    node_rank: int = 0  # this node's rank (multi-node: --set train.placement.node_rank=N per node)
+    rdzv_endpoint: str = "localhost:29500"  # host:port of the c10d rendezvous (node 0's address multi-node)
     rdzv_id: str = ""  # "" = the run name
+    # memory of one GPU, for `python -m trainer plan` (and its refusal); 80 = an H100/A100 80 GB, the
+    # smallest card the 27B recipe is run on. Set 96 (the seeds' cards), 141 (H200) or 180 (B200).
+    gpu_memory_gb: float = 80.0
     # ddp: one drafter replica per rank (the Qwen3.6-27B drafter, 1.7B params + fp32 Adam, fits one GPU).
     # FSDP is not offered yet: the shared lm_head runs outside the drafter's forward (chunked loss).
     strategy: Literal["ddp", "none"] = "ddp"
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or self.nproc_per_node < 1:
+            raise ValueError("train.placement.nnodes and nproc_per_node must be >= 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"train.placement.node_rank={self.node_rank} is not in 0..{self.nnodes - 1}")
+        if self.drafter_gpus and len(self.drafter_gpus) != self.nproc_per_node:
+            raise ValueError(f"train.placement.drafter_gpus has {len(self.drafter_gpus)} entries, "
+                             f"nproc_per_node is {self.nproc_per_node} (one drafter GPU per local rank)")
+        if self.gpu_memory_gb <= 0:
+            raise ValueError(f"train.placement.gpu_memory_gb must be > 0, got {self.gpu_memory_gb}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def launches_torchrun(self) -> bool:
+        """Whether the train stage runs its ranks under torchrun (more than one process in all)."""
+        return self.world_size > 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +141,7 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 500  # optimizer steps; 0 = only at the end
     keep_last: int = 3
+    upload_checkpoints: bool = False  # copy each checkpoint to s3://<s3.bucket>/<s3.prefix>/checkpoints/
     allow_unchecked_data: bool = False  # train on shards the doctor did not pass (dangerous)
     progress: bool = True
     stop_after: int = 0  # test hook: stop (as if killed) after this many optimizer steps; 0 = off

@@ -111,6 +111,8 @@ class Trainer:
                     "arch": dataclasses.asdict(self.core.arch), "world_size": self.rt.world_size}
             path = ckpt.save_checkpoint(self.ckpt_root, self.step, weights=weights, state=state, meta=meta,
                                         config=to_dict(self.cfg), keep_last=self.cfg.train.keep_last)
+            if self.cfg.train.upload_checkpoints:
+                ckpt.upload_checkpoint(path, self.cfg.s3)
         if self.rt.distributed:
             dev.barrier()
         return path

@@ -1,0 +1,224 @@
+"""`python -m trainer plan RUN.yml`: GPU memory per card and FLOPs per step, from config.json alone.
+
+No weights are read: the target's sizes come from its ``config.json`` (the VLM layout's ``text_config``
+when present), the drafter's from `resolve_arch` exactly as training resolves them. Estimates, per GPU
+of ``train.placement`` (one node; every node of a multi-node run is laid out the same):
+
+- target weights: every parameter of the text model in the target dtype (bf16 unless float32);
+- target activations: the no-grad forward at ``data.max_length`` (captured layers, the last hidden
+  state, one layer's MLP transient);
+- drafter state: trainable parameters x 16 bytes (fp32 master weights 4 + grads 4 + AdamW m, v 8), plus
+  a bf16 copy of the shared embedding and lm_head when the drafter sits on another GPU than its target;
+- drafter activations: what autograd keeps for ``drafter.max_anchors`` blocks of ``drafter.block_size``
+  rows against a ``data.max_length`` context, per layer (residuals in fp32, the rest bf16), flex attention
+  (no dense mask);
+- logits chunk: ``loss.chunk_blocks`` blocks x vocab: bf16 logits, fp32 log-softmax and its grad, and the
+  target's fp32 log-probs / probs when the loss reads soft labels;
+- a fixed 3 GB for the CUDA context, cuBLAS/NCCL workspaces and allocator fragmentation.
+
+It is a budget, not a measurement: bench/gpu_dflash.py measures the real peak on a GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from trainer.config import ConfigError, RunConfig
+
+GB = 1e9
+OVERHEAD_GB = 3.0
+
+
+@dataclasses.dataclass
+class GpuBudget:
+    gpu: int
+    ranks: list[int]  # local ranks whose drafter is here
+    target_ranks: list[int] = dataclasses.field(default_factory=list)  # ... whose target is here
+    target_weights: float = 0.0
+    target_activations: float = 0.0
+    drafter_state: float = 0.0
+    drafter_activations: float = 0.0
+    logits_chunk: float = 0.0
+    overhead: float = OVERHEAD_GB * GB
+
+    @property
+    def total(self) -> float:
+        return (self.target_weights + self.target_activations + self.drafter_state + self.drafter_activations
+                + self.logits_chunk + self.overhead)
+
+
+@dataclasses.dataclass
+class Plan:
+    gpus: list[GpuBudget]
+    capacity_gb: float
+    target_params: int
+    drafter_params: int
+    flops_per_step: float  # all ranks of all nodes, one optimizer step
+    tokens_per_step: int
+    notes: list[str]
+
+    @property
+    def too_big(self) -> list[GpuBudget]:
+        return [g for g in self.gpus if g.total > self.capacity_gb * GB]
+
+
+def read_model_config(path: Path) -> SimpleNamespace:
+    """config.json -> the text model's config as attributes (VLM checkpoints keep it in text_config)."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the model's config.json ({e.strerror}); "
+                          "pass --model-config") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from e
+    text = data.get("text_config") or data
+    text.setdefault("tie_word_embeddings", data.get("tie_word_embeddings", False))
+    return SimpleNamespace(**text)
+
+
+def _layer_types(t: SimpleNamespace) -> list[str]:
+    types = getattr(t, "layer_types", None)
+    if types:
+        return list(types)
+    every = int(getattr(t, "full_attention_interval", 0) or 0)
+    if every and hasattr(t, "linear_num_value_heads"):
+        return ["full_attention" if (i + 1) % every == 0 else "linear_attention"
+                for i in range(t.num_hidden_layers)]
+    return ["full_attention"] * int(t.num_hidden_layers)
+
+
+def target_params(t: SimpleNamespace) -> int:
+    """Parameters of the text model: embeddings, lm_head (unless tied), attention / gated-DeltaNet, MLP."""
+    h, inter, v = int(t.hidden_size), int(t.intermediate_size), int(t.vocab_size)
+    heads, kv = int(t.num_attention_heads), int(getattr(t, "num_key_value_heads", t.num_attention_heads))
+    hd = int(getattr(t, "head_dim", 0) or h // heads)
+    gate = 2 if getattr(t, "attn_output_gate", False) else 1
+    full = h * heads * hd * gate + 2 * h * kv * hd + heads * hd * h + 2 * hd
+    lin = 0
+    if hasattr(t, "linear_num_value_heads"):
+        nk, nv = int(t.linear_num_key_heads), int(t.linear_num_value_heads)
+        dk, dv = int(t.linear_key_head_dim), int(t.linear_value_head_dim)
+        conv = (2 * nk * dk + nv * dv) * int(getattr(t, "linear_conv_kernel_dim", 4))
+        lin = h * (2 * nk * dk + 2 * nv * dv) + h * 2 * nv + conv + nv * dv * h + 2 * nv + dv
+    per_layer_common = 3 * h * inter + 2 * h
+    total = v * h * (1 if t.tie_word_embeddings else 2) + h
+    for kind in _layer_types(t):
+        total += per_layer_common + (lin if kind == "linear_attention" else full)
+    return total
+
+
+def drafter_params(a: Any, target_hidden: int) -> int:
+    h, d = a.hidden_size, a.head_dim
+    hq = a.num_attention_heads * d
+    attn = h * hq + 2 * h * a.num_key_value_heads * d + hq * h + 2 * d
+    layer = attn + 3 * h * a.intermediate_size + 2 * h
+    return len(a.target_layer_ids) * target_hidden * h + h + a.num_layers * layer + h
+
+
+def build_plan(cfg: RunConfig, t: SimpleNamespace, capacity_gb: float) -> Plan:
+    from trainer.dflash.drafter import resolve_arch
+    from trainer.dflash.target import default_layer_ids
+
+    d, p, loss = cfg.drafter, cfg.train.placement, cfg.loss
+    ids = d.target_layer_ids or default_layer_ids(int(t.num_hidden_layers), d.num_layers)
+    a = resolve_arch(d, t, ids, int(t.vocab_size))
+    h_t, v, s = int(t.hidden_size), int(t.vocab_size), cfg.data.max_length
+    tdtype = cfg.target.dtype if cfg.target.dtype != "auto" else str(getattr(t, "dtype", "bfloat16"))
+    tbytes = 4 if tdtype == "float32" else 2
+    bs = max(1, cfg.train.max_tokens // s) if cfg.train.max_tokens > 0 else cfg.train.batch_size
+    rows = bs * d.max_anchors * d.block_size  # drafter query rows
+    n_feat = len(ids)
+    tp, dp = target_params(t), drafter_params(a, h_t)
+
+    t_act = bs * s * (n_feat * h_t + h_t + 4 * h_t + 3 * int(t.intermediate_size)) * 2
+    hq, hkv = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
+    per_layer = (rows * a.hidden_size * (4 * 2 + 2 * 2 + 2 * 2)  # fp32 residuals, bf16 norm outs, o_proj out
+                 + rows * hq * 2 * 5  # q proj / norm / rope, attention out, its transpose
+                 + (s + rows) * (a.hidden_size * 2 + hkv * 2 * 4)  # kv_in, k proj/norm/rope, v
+                 + rows * a.intermediate_size * 2 * 4)  # gate, up, silu, product
+    ctx = bs * s * (n_feat * h_t * 4 + a.hidden_size * 4 * 3)  # features cast to fp32, fc out, norm
+    d_act = a.num_layers * per_layer + ctx + rows * a.hidden_size * 4 * 2  # + final norm in/out
+    chunk = min(loss.chunk_blocks * d.block_size, rows)
+    logit_b = 2 + 4 + 4 + (12 if loss.needs_target_logits else 0)
+    logits = chunk * v * logit_b
+    state = dp * 16
+    shared_copy = 2 * v * h_t * tbytes
+
+    gpus: dict[int, GpuBudget] = {}
+
+    def gpu(i: int) -> GpuBudget:
+        return gpus.setdefault(i, GpuBudget(i, []))
+
+    for r in range(p.nproc_per_node):
+        dg = p.drafter_gpus[r] if p.drafter_gpus else r
+        tg = p.target_gpus[r % len(p.target_gpus)] if p.target_gpus else dg
+        g = gpu(dg)
+        g.ranks.append(r)
+        g.drafter_state += state + (shared_copy if tg != dg else 0)
+        g.drafter_activations += d_act
+        g.logits_chunk += logits
+        tgt = gpu(tg)
+        tgt.target_ranks.append(r)
+        tgt.target_weights += tp * tbytes  # each rank loads its own target copy
+        tgt.target_activations += t_act
+    # FLOPs of one optimizer step, all ranks: target forward, drafter fwd+bwd (6 x params x rows,
+    # k/v and fc over the context too), attention, lm_head (fwd, checkpoint recompute, input grad)
+    full_layers = sum(1 for k in _layer_types(t) if k == "full_attention")
+    t_heads_dim = int(t.num_attention_heads) * int(getattr(t, "head_dim", 0) or h_t // t.num_attention_heads)
+    tgt_flops = 2 * (tp - v * h_t * 2) * bs * s + full_layers * 2 * bs * s * s * t_heads_dim
+    drafter_layer = 2 * (a.hidden_size * hq * 2 + 3 * a.hidden_size * a.intermediate_size)
+    kv_ctx = 2 * 2 * a.hidden_size * hkv
+    d_fwd = (a.num_layers * (drafter_layer * rows + kv_ctx * (bs * s + rows))
+             + 2 * n_feat * h_t * a.hidden_size * bs * s
+             + a.num_layers * 4 * rows * (s / 2 + d.block_size) * hq)
+    head = 6 * a.hidden_size * v * rows + (2 * h_t * v * rows if loss.needs_target_logits else 0)
+    micro = tgt_flops + 3 * d_fwd + head
+    world = p.world_size
+    flops = micro * cfg.train.grad_accum * world
+    notes = []
+    if p.nnodes > 1:
+        notes.append(f"every one of the {p.nnodes} nodes is laid out as above")
+    return Plan(sorted(gpus.values(), key=lambda g: g.gpu), capacity_gb, tp, dp, flops,
+                bs * s * cfg.train.grad_accum * world, notes)
+
+
+def format_plan(cfg: RunConfig, plan: Plan) -> str:
+    p = cfg.train.placement
+    lines = [
+        f"plan for run {cfg.name}: {p.nnodes} node(s) x {p.nproc_per_node} rank(s), "
+        f"{plan.capacity_gb:g} GB per GPU (train.placement.gpu_memory_gb or --gpu-memory-gb)",
+        f"target {plan.target_params / 1e9:.2f}B params, drafter {plan.drafter_params / 1e9:.3f}B trainable, "
+        f"data.max_length {cfg.data.max_length}, drafter.max_anchors {cfg.drafter.max_anchors} x block "
+        f"{cfg.drafter.block_size}, loss.chunk_blocks {cfg.loss.chunk_blocks}",
+        "",
+        f"{'GPU':>3} {'ranks':>6} {'target w':>9} {'tgt act':>8} {'drafter+adam':>12} {'dft act':>8} "
+        f"{'logits':>7} {'other':>6} {'total':>7} {'of':>6}  fits",
+    ]
+    for g in plan.gpus:
+        ranks = ",".join([f"d{r}" for r in g.ranks] + [f"t{r}" for r in g.target_ranks])
+        lines.append(
+            f"{g.gpu:>3} {ranks:>6} {g.target_weights / GB:>9.1f} {g.target_activations / GB:>8.1f} "
+            f"{g.drafter_state / GB:>12.1f} {g.drafter_activations / GB:>8.1f} {g.logits_chunk / GB:>7.1f} "
+            f"{g.overhead / GB:>6.1f} {g.total / GB:>7.1f} {plan.capacity_gb:>6g}  "
+            f"{'yes' if g.total <= plan.capacity_gb * GB else 'NO'}")
+    lines += ["(ranks: dN = local rank N's drafter, tN = its target; sizes in GB)", "",
+              f"per optimizer step: {plan.tokens_per_step} tokens, {plan.flops_per_step / 1e12:.1f} TFLOP "
+              f"({plan.flops_per_step / 1e12 / max(1, p.world_size):.1f} per rank)", *plan.notes]
+    return "\n".join(lines)
+
+
+def plan_json(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
+    return {
+        "run": cfg.name, "fits": not plan.too_big, "gpu_memory_gb": plan.capacity_gb,
+        "target_params": plan.target_params, "drafter_params": plan.drafter_params,
+        "flops_per_step": plan.flops_per_step, "tokens_per_step": plan.tokens_per_step,
+        "gpus": [{"gpu": g.gpu, "drafter_ranks": g.ranks, "target_ranks": g.target_ranks,
+                  "total_gb": round(g.total / GB, 2),
+                  **{k: round(getattr(g, k) / GB, 2) for k in ("target_weights", "target_activations",
+                                                               "drafter_state", "drafter_activations",
+                                                               "logits_chunk", "overhead")}}
+                 for g in plan.gpus],
+    }
