@@ -6,17 +6,44 @@ the generator's tests, the benchmarks and the lab containers (bare Debian, under
 stand-in. It needs only the Python standard library:
 
     python3 tests/doubles/sglang_server.py --host 127.0.0.1 --port 30000 [--model NAME] [--latency S]
-        [--tokens-per-s N] [--error-rate P] [--die-after N] [--max-running N] [--seed S]
+        [--tokens-per-s N] [--error-rate P] [--abort-rate P] [--die-after N] [--max-running N]
+        [--max-running-unset] [--no-server-info] [--startup-s S] [--seed S]
         [--reasoning-parser qwen3] [--api-key KEY] [--context-length N] [--tls-cert PEM --tls-key PEM]
 
-It serves SGLang's response shapes: GET /health, /health_generate, /get_model_info, /get_server_info,
-/v1/models and POST /v1/chat/completions (non-streaming). The completion is a pure function of the
-request's messages (see `expected_completion`), so a client's duplicates and losses are detectable:
-the answer starts with "Answer <key>:" where <key> is a digest of the messages. With
-`--reasoning-parser qwen3` the thinking text comes in `message.reasoning_content` and the answer in
-`message.content` (SGLang's qwen3 parser); without it the thinking is inline as `<think>...</think>`.
-One "token" is one word. `max_tokens` truncates the output with finish_reason "length" (when the budget
-ends inside the thinking, `content` is null, as with SGLang).
+It serves SGLang's response shapes: GET /health, /health_generate, /get_model_info, /server_info (and its
+deprecated alias /get_server_info), /v1/models and POST /v1/chat/completions (non-streaming). The
+completion is a pure function of the request's messages (see `expected_completion`), so a client's
+duplicates and losses are detectable: the answer starts with "Answer <key>:" where <key> is a digest of
+the messages. One "token" is one word. A prompt containing EMPTY_THINKING ("[empty-thinking]") gets an
+empty thinking and an answer with a stray "</think>" in it (what a real model sometimes writes).
+
+Answers as real SGLang gives them (references are to sgl-project/sglang, python/sglang/srt/):
+- `--reasoning-parser qwen3`: the thinking comes in `message.reasoning_content` and the answer in
+  `message.content` (parser/reasoning_parser.py, `BaseReasoningFormatDetector._detect_and_parse_impl`:
+  split at the first `</think>`; no `</think>` at all = everything is reasoning). serving_chat.py,
+  `OpenAIServingChat._build_chat_response`, then writes `content=text if text else ""` and
+  `reasoning_content=reasoning_text if reasoning_text else None`: an EMPTY thinking is `null` (not
+  ""), and when `max_tokens` ends inside the thinking the content is `""` (not null), with
+  finish_reason "length". Without the parser the thinking is inline as `<think>...</think>` in
+  `content` and `reasoning_content` is null (protocol.py, `ChatMessage`: the field is always there).
+- `--abort-rate P`: that share of completions ends with HTTP 200, finish_reason "abort" and the partial
+  text decoded so far. SGLang does this for requests aborted by POST /abort_request, by
+  /pause_generation in abort mode, by a weight update with abort_all_requests and on scheduler shutdown
+  (managers/scheduler.py, `Scheduler.abort_request`: `req.to_finish = FINISH_ABORT()`); only aborts
+  carrying status_code 400 / 500 / 503 become HTTP errors (managers/tokenizer_manager.py,
+  `TokenizerManager._wait_one_response`), the others reach `_build_chat_response` as a normal answer
+  whose finish_reason is `finish_reason["type"]` = "abort".
+- /server_info (entrypoints/http_server.py, `server_info`; `get_server_info` is its deprecated alias)
+  is the server args flattened (max_running_requests, reasoning_parser, dp_size, ...), the scheduler
+  info, `internal_states` (one per DP rank, from the scheduler's get_internal_state, which sets
+  `effective_max_running_requests_per_dp`) and `version`. `--max-running-unset` answers as a server
+  started without --max-running-requests: `max_running_requests: null`, the effective value only in
+  `internal_states[0].effective_max_running_requests_per_dp`. `--no-server-info` answers 404 on
+  /server_info, as releases before it existed do.
+- `--startup-s S`: for the first S seconds /health and /health_generate answer 503 (http_server.py,
+  `health_generate`, which serves both: 503 while `server_status == ServerStatus.Starting` and while
+  shutting down). Unknown paths answer 404 `{"detail": "Not Found"}` (FastAPI), so a client that puts
+  `/v1` in front of /health gets 404.
 
 Capacity: at most --max-running requests are decoded at once (the rest wait, as in SGLang's queue);
 each takes --latency seconds plus completion_tokens / --tokens-per-s. --error-rate answers that share of
@@ -45,6 +72,7 @@ WORDS = [
 ]
 ROLES = ("system", "user", "assistant", "tool", "developer")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+EMPTY_THINKING = "[empty-thinking]"  # a prompt with this gets an empty thinking and a stray </think>
 IM_END_ID = 151645  # Qwen's <|im_end|>, what SGLang reports as matched_stop
 
 
@@ -59,8 +87,13 @@ def expected_completion(messages: list[dict], enable_thinking: bool = True) -> t
     key = messages_key(messages)
     rng = random.Random(int(key, 16))
     think = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 60)))
-    answer = f"Answer {key}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 40)))
-    return (f"Thinking {key}: {think}" if enable_thinking else ""), answer
+    words = [rng.choice(WORDS) for _ in range(rng.randint(5, 40))]
+    if any(EMPTY_THINKING in str(m.get("content", "")) for m in messages):
+        # thinking closed right away; the answer itself mentions the tag (quotes it, explains it ...)
+        words.insert(len(words) // 2, THINK_CLOSE)
+        think = ""
+    answer = f"Answer {key}: " + " ".join(words)
+    return (f"Thinking {key}: {think}" if enable_thinking and think else ""), answer
 
 
 def completion_tokens(messages: list[dict], enable_thinking: bool = True) -> list[str]:
@@ -74,18 +107,20 @@ def prompt_token_count(messages: list[dict]) -> int:
     return sum(len(str(m.get("content", "")).split()) + 4 for m in messages) + 2
 
 
-def render(tokens: list[str], enable_thinking: bool, parser: str) -> tuple[str | None, str | None, int]:
+def render(tokens: list[str], enable_thinking: bool, parser: str) -> tuple[str, str | None, int]:
     """(content, reasoning_content, reasoning_tokens) of a (possibly truncated) token list."""
     if not enable_thinking:
         return " ".join(tokens), None, 0
     closed = THINK_CLOSE in tokens
-    cut = tokens.index(THINK_CLOSE) if closed else len(tokens)
+    cut = tokens.index(THINK_CLOSE) if closed else len(tokens)  # the first </think>, as SGLang's parser
     reasoning = " ".join(tokens[1:cut])
     answer = " ".join(tokens[cut + 1:]) if closed else ""
+    n_reasoning = cut + (1 if closed else 0)
     if parser == "qwen3":
-        return (answer if closed else None), reasoning, cut + (1 if closed else 0)
+        # serving_chat.py _build_chat_response: content "" (never null), empty reasoning -> null
+        return answer, (reasoning or None), n_reasoning
     inline = f"{THINK_OPEN}\n{reasoning}\n" + (f"{THINK_CLOSE}\n\n{answer}" if closed else "")
-    return inline, None, cut + (1 if closed else 0)
+    return inline, None, n_reasoning
 
 
 class State:
@@ -96,8 +131,10 @@ class State:
         self.rng = random.Random(args.seed)
         self.served = 0
         self.errors = 0
+        self.aborted = 0
         self.running = 0
         self.max_seen_running = 0
+        self.sampling: dict = {}  # the sampling fields of the last completion request
         self.started = time.time()
 
 
@@ -132,19 +169,30 @@ class Handler(BaseHTTPRequestHandler):
         self._send(401, {"error": "Unauthorized"})
         return False
 
+    def server_info(self) -> dict:
+        """http_server.py `server_info`: server args flattened + scheduler info + internal_states + version."""
+        a = self.state.args
+        return {"model_path": a.model, "tokenizer_path": a.model, "served_model_name": a.model,
+                "max_running_requests": None if a.max_running_unset else a.max_running,
+                "context_length": a.context_length, "tp_size": 1, "dp_size": 1,
+                "reasoning_parser": a.reasoning_parser or None, "max_total_num_tokens": 20480,
+                "internal_states": [{"effective_max_running_requests_per_dp": a.max_running,
+                                     "last_gen_throughput": 0.0,
+                                     "memory_usage": {"weight": 1.0, "kvcache": 0.2, "token_capacity": 20480}}],
+                "version": "double"}
+
     def do_GET(self) -> None:
         if not self._authorized():
             return
         a, path = self.state.args, self.path.split("?")[0]
         if path in ("/health", "/health_generate"):
-            self._send(200, b"", "text/plain")
+            starting = time.time() - self.state.started < a.startup_s
+            self._send(503 if starting else 200, b"", "text/plain")
         elif path == "/get_model_info":
             self._send(200, {"model_path": a.model, "tokenizer_path": a.model, "is_generation": True,
                              "preferred_sampling_params": None, "weight_version": "default"})
-        elif path == "/get_server_info":
-            self._send(200, {"model_path": a.model, "served_model_name": a.model, "max_running_requests":
-                             a.max_running, "context_length": a.context_length, "tp_size": 1,
-                             "reasoning_parser": a.reasoning_parser, "version": "double"})
+        elif path == "/get_server_info" or (path == "/server_info" and not a.no_server_info):
+            self._send(200, self.server_info())
         elif path == "/v1/models":
             self._send(200, {"object": "list", "data": [{
                 "id": a.model, "object": "model", "created": int(self.state.started), "owned_by": "sglang",
@@ -152,8 +200,9 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/double/stats":
             s = self.state
             with s.lock:
-                self._send(200, {"served": s.served, "errors": s.errors, "running": s.running,
-                                 "max_seen_running": s.max_seen_running})
+                self._send(200, {"served": s.served, "errors": s.errors, "aborted": s.aborted,
+                                 "running": s.running, "max_seen_running": s.max_seen_running,
+                                 "sampling": s.sampling})
         else:
             self._send(404, {"detail": "Not Found"})
 
@@ -179,6 +228,7 @@ class Handler(BaseHTTPRequestHandler):
     def _answer(self, req: dict, tokens: list[str], finish: str, n_prompt: int, thinking: bool) -> dict:
         a = self.state.args
         content, reasoning, n_reasoning = render(tokens, thinking, a.reasoning_parser)
+        n_reasoning = min(n_reasoning, len(tokens))
         return {
             "id": uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
             "model": req.get("model") or a.model,
@@ -204,6 +254,8 @@ class Handler(BaseHTTPRequestHandler):
                 f"tokens. You requested a total of {n_prompt + max_tokens} tokens: {n_prompt} tokens from "
                 f"the input messages and {max_tokens} tokens for the completion."), "BadRequestError"))
             return
+        with s.lock:
+            s.sampling = {k: req[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in req}
         tokens = completion_tokens(messages, thinking)
         finish = "stop" if len(tokens) <= max_tokens else "length"
         tokens = tokens[:max_tokens]
@@ -217,6 +269,11 @@ class Handler(BaseHTTPRequestHandler):
                 s.running += 1
                 s.max_seen_running = max(s.max_seen_running, s.running)
                 fail = a.error_rate > 0 and s.rng.random() < a.error_rate
+                abort = not fail and a.abort_rate > 0 and s.rng.random() < a.abort_rate
+                if abort:
+                    s.aborted += 1
+            if abort:  # aborted mid-decode: the partial text, HTTP 200, finish_reason "abort"
+                tokens, finish = tokens[:max(1, len(tokens) // 2)], "abort"
             try:
                 if fail:
                     code, body = 500, error_body(500, "Internal server error (injected by the SGLang double)",
@@ -268,8 +325,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency", type=float, default=0.0, help="seconds per request before decoding")
     p.add_argument("--tokens-per-s", type=float, default=0.0, help="decode speed per request (0 = instant)")
     p.add_argument("--error-rate", type=float, default=0.0, help="share of completions answered with 500")
+    p.add_argument("--abort-rate", type=float, default=0.0,
+                   help="share of completions aborted mid-decode (HTTP 200, finish_reason abort, partial text)")
     p.add_argument("--die-after", type=int, default=0, help="exit after this many completions (0 = never)")
     p.add_argument("--max-running", type=int, default=64, help="requests decoded at once")
+    p.add_argument("--max-running-unset", action="store_true",
+                   help="report max_running_requests null (no --max-running-requests), the value in internal_states")
+    p.add_argument("--no-server-info", action="store_true", help="404 on /server_info (only /get_server_info)")
+    p.add_argument("--startup-s", type=float, default=0.0, help="503 on /health for this long after start")
     p.add_argument("--context-length", type=int, default=262144)
     p.add_argument("--reasoning-parser", default="", choices=["", "qwen3"])
     p.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY' (health exempt)")
@@ -280,8 +343,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_running < 1:
         p.error("--max-running must be >= 1")
-    if not 0.0 <= args.error_rate <= 1.0:
-        p.error("--error-rate must be within [0, 1]")
+    for name in ("error_rate", "abort_rate"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            p.error(f"--{name.replace('_', '-')} must be within [0, 1]")
     return args
 
 

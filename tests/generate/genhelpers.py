@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -37,12 +38,15 @@ def free_port() -> int:
 
 
 class Double:
-    def __init__(self, args: list[str], ca: Path | None = None) -> None:
-        """With `ca`, args carry --tls-cert/--tls-key and the double serves HTTPS signed by that CA."""
+    def __init__(self, args: list[str], ca: Path | None = None, healthy: bool = True) -> None:
+        """With `ca`, args carry --tls-cert/--tls-key and the double serves HTTPS signed by that CA.
+        With `healthy=False` start() returns as soon as the double answers HTTP at all (a 503 from
+        /health while it is "starting" included)."""
         self.port = free_port()
         self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         self.tls = ssl.create_default_context(cafile=str(ca)) if ca else None
         self.args = args
+        self.healthy = healthy
         self.proc: subprocess.Popen | None = None
         self.start()
 
@@ -54,6 +58,10 @@ class Double:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=1, context=self.tls):
                     return
+            except urllib.error.HTTPError:
+                if not self.healthy:
+                    return
+                time.sleep(0.05)
             except OSError:
                 if self.proc.poll() is not None:
                     rc = self.proc.returncode
