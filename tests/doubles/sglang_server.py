@@ -170,15 +170,15 @@ class Handler(BaseHTTPRequestHandler):
         return False
 
     def server_info(self) -> dict:
-        """http_server.py `server_info`: server args flattened + scheduler info + internal_states + version."""
+        """http_server.py `server_info`: server args, scheduler info, internal_states, version."""
         a = self.state.args
         return {"model_path": a.model, "tokenizer_path": a.model, "served_model_name": a.model,
                 "max_running_requests": None if a.max_running_unset else a.max_running,
                 "context_length": a.context_length, "tp_size": 1, "dp_size": 1,
                 "reasoning_parser": a.reasoning_parser or None, "max_total_num_tokens": 20480,
-                "internal_states": [{"effective_max_running_requests_per_dp": a.max_running,
-                                     "last_gen_throughput": 0.0,
-                                     "memory_usage": {"weight": 1.0, "kvcache": 0.2, "token_capacity": 20480}}],
+                "internal_states": [{
+                    "effective_max_running_requests_per_dp": a.max_running, "last_gen_throughput": 0.0,
+                    "memory_usage": {"weight": 1.0, "kvcache": 0.2, "token_capacity": 20480}}],
                 "version": "double"}
 
     def do_GET(self) -> None:
@@ -326,12 +326,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens-per-s", type=float, default=0.0, help="decode speed per request (0 = instant)")
     p.add_argument("--error-rate", type=float, default=0.0, help="share of completions answered with 500")
     p.add_argument("--abort-rate", type=float, default=0.0,
-                   help="share of completions aborted mid-decode (HTTP 200, finish_reason abort, partial text)")
+                   help="share of completions aborted mid-decode (HTTP 200, finish_reason abort)")
     p.add_argument("--die-after", type=int, default=0, help="exit after this many completions (0 = never)")
     p.add_argument("--max-running", type=int, default=64, help="requests decoded at once")
     p.add_argument("--max-running-unset", action="store_true",
-                   help="report max_running_requests null (no --max-running-requests), the value in internal_states")
-    p.add_argument("--no-server-info", action="store_true", help="404 on /server_info (only /get_server_info)")
+                   help="report max_running_requests null, the value only in internal_states")
+    p.add_argument("--no-server-info", action="store_true", help="404 on /server_info (old releases)")
     p.add_argument("--startup-s", type=float, default=0.0, help="503 on /health for this long after start")
     p.add_argument("--context-length", type=int, default=262144)
     p.add_argument("--reasoning-parser", default="", choices=["", "qwen3"])

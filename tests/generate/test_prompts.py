@@ -107,3 +107,17 @@ def test_missing_prompts_name_the_path(tmp_path: Path) -> None:
         prompt_files(tmp_path / "nope.jsonl")
     with pytest.raises(FileNotFoundError, match=r"no \*\.jsonl"):
         prompt_files(tmp_path)
+
+
+def test_rejects_of_json_lines_keep_their_id(tmp_path: Path) -> None:
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join([
+        json.dumps({"id": "nouser", "messages": [{"role": "system", "content": "s"}]}),
+        json.dumps({"conversation_id": 17, "conversations": [{"from": "observation", "value": "x"}]}),
+        json.dumps({"id": ["not", "readable"], "messages": [{"role": "user", "content": "q"}]}),
+        '{"id": "cut", "messages": [',
+    ]) + "\n")
+    rejects = list(read_prompts([f], 100))
+    assert [r.id for r in rejects] == ["nouser", "17", None, None]
+    assert all(isinstance(r, Reject) for r in rejects)
+    assert "no user turn" in rejects[0].reason and "unsupported speaker" in rejects[1].reason

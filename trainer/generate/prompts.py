@@ -43,7 +43,12 @@ class Reject:
 
 
 class PromptError(ValueError):
-    """A prompt line that cannot be used; the message is the reject reason."""
+    """A prompt line that cannot be used; the message is the reject reason, `id` the line's id when it
+    could be read."""
+
+    def __init__(self, reason: str, sample_id: str | None = None) -> None:
+        super().__init__(reason)
+        self.id = sample_id
 
 
 def prompt_files(path: Path) -> list[Path]:
@@ -119,6 +124,16 @@ def parse_line(line: str, max_chars: int) -> Prompt:
         raise PromptError(f"invalid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise PromptError(f"expected a JSON object, got {type(obj).__name__}")
+    raw_id = obj.get("id", obj.get("conversation_id"))
+    readable = str(raw_id) if isinstance(raw_id, str | int) and not isinstance(raw_id, bool) else None
+    try:
+        return _parse_object(obj, raw_id, max_chars)
+    except PromptError as e:
+        e.id = e.id or (readable or None)  # a reject names the sample whenever its id is readable
+        raise
+
+
+def _parse_object(obj: dict[str, Any], raw_id: Any, max_chars: int) -> Prompt:
     kept = []
     for i, (role, text) in enumerate(_turns(obj)):
         if role == "assistant":
@@ -133,7 +148,6 @@ def parse_line(line: str, max_chars: int) -> Prompt:
     chars = sum(len(m["content"]) for m in kept)
     if chars > max_chars:
         raise PromptError(f"over-long: {chars} characters > generate.max_prompt_chars {max_chars}")
-    raw_id = obj.get("id", obj.get("conversation_id"))
     if raw_id is None or raw_id == "":
         digest = json.dumps([[m["role"], m["content"]] for m in kept], ensure_ascii=False)
         sample_id = "sha-" + hashlib.sha256(digest.encode()).hexdigest()[:20]
@@ -156,7 +170,7 @@ def read_prompts(files: list[Path], max_chars: int) -> Iterator[Prompt | Reject]
                 try:
                     p = parse_line(line, max_chars)
                 except PromptError as e:
-                    yield Reject(str(path), lineno, str(e), None, line[:200])
+                    yield Reject(str(path), lineno, str(e), e.id, line[:200])
                     continue
                 if p.id in first_seen:
                     yield Reject(str(path), lineno, f"duplicate id {p.id!r} (first at {first_seen[p.id]})",
