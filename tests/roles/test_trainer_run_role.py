@@ -53,7 +53,8 @@ def test_endpoints_come_from_the_sglang_nodes_fact(flt: ModuleType) -> None:
         "ct200": {},
     }
     # The inventory's sglang_* variables are not read: the fact is the one source.
-    assert flt.sglang_endpoints(hostvars, ["b200-1", "b200-2"]) == b1 + [
+    assert flt.sglang_endpoints(hostvars, ["b200-1", "b200-2"]) == [
+        *b1,
         "http://10.9.0.2:31000",
         "http://10.9.0.2:31001",
     ]
@@ -64,10 +65,17 @@ def test_endpoints_come_from_the_sglang_nodes_fact(flt: ModuleType) -> None:
 
 
 def test_endpoints_refuse_a_node_without_the_fact_and_loopback(flt: ModuleType) -> None:
-    with pytest.raises(flt.EndpointError, match=r"SGLang host n1 publishes no endpoints .*playbooks/sglang.yml"):
+    with pytest.raises(
+        flt.EndpointError, match=r"SGLang host n1 publishes no endpoints .*playbooks/sglang.yml"
+    ):
         flt.sglang_endpoints({"n1": {"sglang_gpu_count": 2}}, ["n1"])
-    for url in ("http://127.0.0.1:30000", "http://localhost:30000", "http://[::1]:30000", "http://127.0.1.1:1"):
-        with pytest.raises(flt.EndpointError, match="loopback endpoints .* cannot reach"):
+    for url in (
+        "http://127.0.0.1:30000",
+        "http://localhost:30000",
+        "http://[::1]:30000",
+        "http://127.0.1.1:1",
+    ):
+        with pytest.raises(flt.EndpointError, match=r"loopback endpoints .* cannot reach"):
             flt.sglang_endpoints({"n1": _fact(["http://10.0.0.5:30001", url])}, ["n1"])
     with pytest.raises(flt.EndpointError, match="runs no router"):
         flt.sglang_endpoints({"n1": _fact(["http://10.0.0.5:30001"])}, ["n1"], True)
@@ -157,3 +165,67 @@ def test_train_playbook_refuses_an_unknown_run_and_lists_the_runs(tmp_path: Path
     assert f"run 'nope' does not exist: no nope.yml in {tmp_path}" in out, out[-2000:]
     assert "runs that exist: qwen36-dflash, tiny" in out
     assert "UNREACHABLE" not in out, "the refusal must come before any connection to the node"
+
+
+def test_train_playbook_refuses_a_run_file_the_trainer_refuses(tmp_path: Path) -> None:
+    (tmp_path / "bad.yml").write_text(
+        "name: bad\nstages: [train]\ntarget: {path: /m}\ntrain: {lr: 1.0e-3, no_such_key: 1}\n"
+    )
+    r = _playbook("-e", "run=bad", "-e", f"trainer_run_runs_dir={tmp_path}")
+    assert r.returncode != 0
+    out = " ".join((r.stdout + r.stderr).split())
+    assert "python -m trainer check refused" in out and "no_such_key" in out, out[-2000:]
+    assert "UNREACHABLE" not in out, "the config check must come before any connection to the node"
+
+
+def _local_run(tmp_path: Path, model_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """train.yml with the training node played by this machine, read-only: this machine has no systemd, so
+    the play stops at the first node step after the check and the plan ("Read the state of the run's unit");
+    the venv is missing too, in case it has."""
+    src = (ROOT / "files" / "runs" / "qwen36-27b-dflash.yml").read_text()
+    (tmp_path / "q.yml").write_text(src.replace("path: /workspace/models/Qwen3.6-27B", f"path: {model_dir}"))
+    return _playbook(
+        "-e",
+        "run=q",
+        "-e",
+        f"trainer_run_runs_dir={tmp_path}",
+        "-e",
+        "ansible_connection=local",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+        "-e",
+        "trainer_run_venv=/nonexistent/venv",
+        "-e",
+        "action=deploy",
+        *args,
+    )
+
+
+def test_train_playbook_plans_with_the_nodes_config_and_refuses_what_cannot_fit(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(ROOT / "tests" / "fixtures" / "qwen36-27b" / "config.json", model / "config.json")
+    # Target and drafter on one 48 GB card: refused with the numbers, before anything is copied.
+    one_card = (
+        '{"trainer_run_overrides": ["train.placement.nproc_per_node=1", "train.placement.target_gpus=[0]",'
+        ' "train.placement.drafter_gpus=[0]", "train.placement.gpu_memory_gb=48"]}'
+    )
+    r = _local_run(tmp_path, model, "-e", one_card)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode != 0
+    assert "cannot fit on ct200" in out and "does not fit: GPU 0 needs" in out, out[-3000:]
+    assert "Read the state of the run's unit" not in out
+    # The run file as shipped fits: the plan is shown and the play goes on (to the missing venv).
+    r = _local_run(tmp_path, model)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert "GPU ranks target w" in out, out[-3000:]
+    assert "TASK [trainer_run : Read the state of the run's unit]" in out
+
+
+def test_train_playbook_says_the_plan_is_skipped_when_the_model_is_not_there(tmp_path: Path) -> None:
+    r = _local_run(tmp_path, tmp_path / "not-downloaded")
+    out = " ".join((r.stdout + r.stderr).split())
+    assert "PLAN SKIPPED on ct200" in out and "not-downloaded/config.json cannot be read there" in out, out[
+        -3000:
+    ]
+    assert "TASK [trainer_run : Read the state of the run's unit]" in out

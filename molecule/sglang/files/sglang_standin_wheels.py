@@ -38,9 +38,11 @@ def build(out: Path, dist: str, version: str, files: dict[str, bytes]) -> Path:
         f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
         f"Summary: STAND-IN for {dist} (tests and lab of role sglang; not {dist})\n"
     ).encode()
-    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: sglang_standin_wheels\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: sglang_standin_wheels\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     record = [f"{name},{_digest(data)},{len(data)}" for name, data in sorted(files.items())]
-    files[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
+    files[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
     path = out / f"{norm}-{version}-py3-none-any.whl"
     tmp = path.with_suffix(".part")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:

@@ -2,7 +2,7 @@
 """Fetch a model directory for SGLang and verify it by file list and size (role sglang).
 
     sglang_model.py fetch SOURCE DEST      # SOURCE: /local/path | s3://bucket/prefix | hf://org/name[@rev]
-    sglang_model.py verify DEST [--source SOURCE]  # exit 0 when DEST matches its manifest (and source), 1 with the reason
+    sglang_model.py verify DEST [--source S]  # exit 0 when DEST matches its manifest (and source S), else 1
     sglang_model.py stage SRC DEST         # copy a verified local model to DEST (e.g. /dev/shm) unless DEST
                                            # already holds it; refuses when DEST's filesystem lacks the space
 

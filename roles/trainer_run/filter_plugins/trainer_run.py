@@ -58,8 +58,8 @@ def sglang_endpoints(
         if loop:
             raise EndpointError(
                 f"SGLang host {name} publishes loopback endpoints {', '.join(loop)}, which the training node "
-                f"cannot reach: set sglang_host to a reachable address (or 0.0.0.0) and sglang_api_key for {name}, "
-                "or sglang_advertise_host"
+                f"cannot reach: set sglang_host to a reachable address (or 0.0.0.0) and sglang_api_key "
+                f"for {name}, or sglang_advertise_host"
             )
         urls += found
     return urls

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """STAND-IN for `python -m sglang_router.launch_router`: module `sglang_router.launch_router` of the
-stand-in `sglang-router` wheel that molecule/sglang and the lab install in place of the router. Not the router.
+stand-in `sglang-router` wheel that molecule/sglang and the lab install in place of the router.
+Not the router.
 
 The real router (sglang-router, a Rust wheel of ~30 MB plus aiohttp/fastapi/uvicorn) is what production
 runs. The tests install this stdlib-only round-robin proxy under the same module name and version, so

@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         HTTPServer((args.host, args.port), Unhealthy).serve_forever()
         return 1
     if not DOUBLE.is_file():
-        sys.stderr.write(f"sglang stand-in: {DOUBLE} is missing (sglang_standin_wheels.py packs it into the wheel)\n")
+        sys.stderr.write(
+            f"sglang stand-in: {DOUBLE} is missing (sglang_standin_wheels.py packs it into the wheel)\n"
+        )
         return 2
     argv_ = double_argv(args)
     sys.stderr.flush()
