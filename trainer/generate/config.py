@@ -9,17 +9,29 @@ from typing import Literal
 class GenerateConfig:
     """How completions are regenerated on N OpenAI-compatible (SGLang) endpoints.
 
-    Sizes that matter most: `concurrency` (0 = ask each endpoint for its max_running_requests via
-    /get_server_info, falling back to `default_concurrency`), `shard_records`, `max_tokens`.
+    Sizes that matter most: `concurrency` (0 = ask each endpoint for its window via /server_info, else
+    /get_server_info: max_running_requests, or when that is null the effective value SGLang computed,
+    internal_states[0].effective_max_running_requests_per_dp x dp_size; `default_concurrency`, with a
+    warning, only when the server says neither), `shard_records`, `max_tokens`.
     The API key, if the endpoints need one, is read from the environment variable `api_key_env`.
+
+    Sampling is always sent, never left to the server: SGLang fills whatever a request omits from the
+    model's generation_config.json (protocol.py, ChatCompletionRequest.to_sampling_params), so the data
+    would depend on a file next to the weights. The defaults are Qwen3's thinking-mode recommendation
+    (temperature 0.6, top_p 0.95, top_k 20, min_p 0): greedy decoding (temperature 0) makes thinking
+    models loop. The data is then *sampled* target text; a drafter trained with KL soft labels from the
+    target's logits does not need greedy data. Acceptance-length evaluation wants the target's greedy
+    tokens: that is the eval stage's business, not this one's.
     """
 
     prompts: str = ""  # local path (file or dir of *.jsonl[.zst]) or s3://bucket/key of the prompts
     output: str = "generated"  # output dir, relative to the run dir (and to s3.prefix on S3)
     endpoints: tuple[str, ...] = ()  # OpenAI-compatible base URLs (SGLang instances or the router)
     model: str = ""  # model name sent in requests; "" = target.name, else the target path's basename
-    temperature: float = 0.0
-    top_p: float = 1.0
+    temperature: float = 0.6  # 0 = greedy
+    top_p: float = 0.95  # 1.0 = off
+    top_k: int = 20  # -1 = off (SGLang's "whole vocabulary")
+    min_p: float = 0.0  # 0 = off
     max_tokens: int = 32768
     enable_thinking: bool = True  # chat_template_kwargs.enable_thinking
     concurrency: int = 0  # requests in flight per endpoint; 0 = the endpoint's max_running_requests
@@ -57,6 +69,10 @@ class GenerateConfig:
             raise ValueError(f"temperature must be within [0, 2], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be within (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be within [0, 1], got {self.min_p}")
 
     @property
     def retry_budget(self) -> int:

@@ -62,10 +62,19 @@ class Completion:
         return "" if self.content.strip() else "empty"
 
 
-def split_reasoning(content: str, reasoning: str | None) -> tuple[str, str]:
-    """(answer, thinking): SGLang's reasoning_content when present, else inline <think>...</think>."""
+def split_reasoning(content: str, reasoning: str | None,
+                    server_parses_reasoning: bool | None = None) -> tuple[str, str]:
+    """(answer, thinking): SGLang's reasoning_content when present, else inline <think>...</think>.
+
+    `server_parses_reasoning` is what the endpoint's /server_info said about its `reasoning_parser`
+    (None: it did not say). When the server's parser has run, a null reasoning_content is an empty
+    thinking (serving_chat.py, _build_chat_response: `reasoning_text if reasoning_text else None`) and the
+    content is the answer as given: a `</think>` inside it is the model's text, not a tag to split at.
+    """
     if reasoning is not None:
         return content, reasoning
+    if server_parses_reasoning:
+        return content, ""
     if "<think>" in content:
         pre, _, rest = content.partition("<think>")
         think, closed, answer = rest.partition("</think>")
@@ -78,7 +87,7 @@ def split_reasoning(content: str, reasoning: str | None) -> tuple[str, str]:
     return content, ""
 
 
-def parse_completion(data: Any) -> Completion:
+def parse_completion(data: Any, server_parses_reasoning: bool | None = None) -> Completion:
     """An SGLang /v1/chat/completions body -> Completion; ValueError names what is missing."""
     try:
         choice = data["choices"][0]
@@ -88,19 +97,60 @@ def parse_completion(data: Any) -> Completion:
     content = msg.get("content") or ""
     if not isinstance(content, str):
         raise ValueError(f"choices[0].message.content is {type(content).__name__}, not a string")
-    answer, thinking = split_reasoning(content, msg.get("reasoning_content"))
+    answer, thinking = split_reasoning(content, msg.get("reasoning_content"), server_parses_reasoning)
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     return Completion(answer, thinking, str(choice.get("finish_reason") or ""), usage)
 
 
+def window_from_server_info(info: Any) -> tuple[int | None, str]:
+    """(window, why) from an SGLang /server_info body; window None when the body does not say.
+
+    http_server.py `server_info` returns the server args flattened (max_running_requests, dp_size ...)
+    and `internal_states`, one per DP rank, where the scheduler reports the value it actually uses
+    (`effective_max_running_requests_per_dp`): a server started without --max-running-requests reports
+    the argument as null and only the effective value there.
+    """
+    if not isinstance(info, dict):
+        return None, f"not a JSON object ({type(info).__name__})"
+    value = info.get("max_running_requests")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value, f"max_running_requests {value}"
+    states = info.get("internal_states")
+    per_dp = states[0].get("effective_max_running_requests_per_dp") if (
+        isinstance(states, list) and states and isinstance(states[0], dict)) else None
+    dp = info.get("dp_size")
+    dp = dp if isinstance(dp, int) and not isinstance(dp, bool) and dp > 0 else 1
+    if isinstance(per_dp, int) and not isinstance(per_dp, bool) and per_dp > 0:
+        arg = "null" if value is None else repr(value)
+        why = f"max_running_requests is {arg}, internal_states[0].effective_max_running_requests_per_dp"
+        return per_dp * dp, f"{why} {per_dp} x dp_size {dp}"
+    return None, "neither max_running_requests nor internal_states[0].effective_max_running_requests_per_dp"
+
+
+def base_url(url: str) -> str:
+    """The server's root for an endpoint URL: OpenAI clients write `http://host:30000/v1`, SGLang serves
+    /health and /server_info at the root and the chat API under /v1."""
+    url = url.rstrip("/")
+    return url[:-len("/v1")] if url.endswith("/v1") else url
+
+
 class Endpoint:
-    """An endpoint's state. `capacity` is its window: requests in flight at once."""
+    """An endpoint's state. `capacity` is its window: requests in flight at once; `window_reason` says
+    where it came from. `parses_reasoning`: the server runs a reasoning parser (True), does not (False),
+    or did not say (None)."""
+
+    # /server_info is the current name; 0.5.x logs /get_server_info as deprecated, older releases have
+    # only /get_server_info
+    INFO_PATHS = ("/server_info", "/get_server_info")
 
     def __init__(self, url: str, cfg: GenerateConfig, api_key: str = "") -> None:
         self.url = url.rstrip("/")
+        self.base = base_url(url)
         self.cfg = cfg
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.capacity = cfg.concurrency or cfg.default_concurrency
+        self.window_reason = "generate.concurrency" if cfg.concurrency else "not probed yet"
+        self.parses_reasoning: bool | None = None
         self._session: aiohttp.ClientSession | None = None  # made in the event loop, on first use
         self._timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s,
                                               sock_connect=cfg.connect_timeout_s,
@@ -132,7 +182,7 @@ class Endpoint:
     async def post(self, path: str, body: dict[str, Any]) -> Reply:
         """POST a JSON body; the whole answer is read (non-streaming). A cancelled request's connection
         is closed, never reused."""
-        async with self.session().post(self.url + path, data=json.dumps(body).encode(),
+        async with self.session().post(self.base + path, data=json.dumps(body).encode(),
                                        headers={"Content-Type": "application/json"}) as r:
             return Reply(r.status, await r.read())
 
@@ -144,7 +194,9 @@ class Endpoint:
         return self.up and self.inflight < self.capacity
 
     async def probe(self) -> bool:
-        """GET /health; then (with concurrency 0) the window from /get_server_info's max_running_requests."""
+        """GET /health (503 while SGLang starts: down, probed again); then the server info: the reasoning
+        parser and (with concurrency 0) the window. 401/403/404 raise FatalEndpointError: a wrong key or
+        a URL that is no SGLang server is a configuration error, not an outage to wait out."""
         try:
             status, _ = await self._get("/health")
         except TRANSPORT_ERRORS + TIMEOUT_ERRORS as e:
@@ -152,29 +204,46 @@ class Endpoint:
             return False
         if status in (401, 403):
             raise FatalEndpointError(
-                f"{self.url}/health: HTTP {status} (check ${self.cfg.api_key_env})")
+                f"{self.base}/health: HTTP {status} (check ${self.cfg.api_key_env})")
+        if status == 404:
+            raise FatalEndpointError(
+                f"{self.base}/health: HTTP 404: no SGLang server at {self.url} (generate.endpoints takes "
+                f"the server's base URL, http://HOST:PORT or http://HOST:PORT/v1)")
         if status != 200:
             self.down_reason = f"/health: HTTP {status}"
             return False
-        if not self.cfg.concurrency:
-            self.capacity = await self._server_capacity()
+        await self._read_server_info()
         return True
 
     async def _get(self, path: str) -> tuple[int, bytes]:
-        async with self.session().get(self.url + path, timeout=self._probe_timeout) as r:
+        async with self.session().get(self.base + path, timeout=self._probe_timeout) as r:
             return r.status, await r.read()
 
-    async def _server_capacity(self) -> int:
-        try:
-            status, content = await self._get("/get_server_info")
-            value = json.loads(content).get("max_running_requests") if status == 200 else None
-        except (*TRANSPORT_ERRORS, *TIMEOUT_ERRORS, ValueError, AttributeError):
-            value = None
-        if isinstance(value, int) and value > 0:
-            return value
-        log.info("%s: no max_running_requests in /get_server_info; window %d (generate.default_concurrency)",
-                 self.url, self.cfg.default_concurrency)
-        return self.cfg.default_concurrency
+    async def _read_server_info(self) -> None:
+        info: Any = None
+        tried = []
+        for path in self.INFO_PATHS:
+            try:
+                status, content = await self._get(path)
+                if status == 200:
+                    info = json.loads(content)
+                    break
+                tried.append(f"{path}: HTTP {status}")
+            except (*TRANSPORT_ERRORS, *TIMEOUT_ERRORS, ValueError) as e:
+                tried.append(f"{path}: {type(e).__name__}: {e}")
+        if isinstance(info, dict) and "reasoning_parser" in info:
+            self.parses_reasoning = bool(info["reasoning_parser"])
+        if self.cfg.concurrency:
+            self.capacity, self.window_reason = self.cfg.concurrency, "generate.concurrency"
+            return
+        window, why = window_from_server_info(info) if info is not None else (None, "; ".join(tried))
+        if window is not None:
+            self.capacity, self.window_reason = window, f"{path}: {why}"
+            return
+        self.capacity = self.cfg.default_concurrency
+        self.window_reason = f"generate.default_concurrency: the server did not say ({why})"
+        log.warning("endpoint %s: window %d from generate.default_concurrency: the server did not say its "
+                    "capacity (%s); set generate.concurrency to choose it", self.url, self.capacity, why)
 
     def mark_down(self, reason: str) -> bool:
         """Put the endpoint aside; True when it was up (the caller then starts its recovery)."""
@@ -202,7 +271,7 @@ class Endpoint:
                 return
             if ok:
                 self.up = True
-                log.info("endpoint %s healthy again (window %d)", self.url, self.capacity)
+                log.info("endpoint %s: healthy, window %d (%s)", self.url, self.capacity, self.window_reason)
                 return
             self.backoff = min(self.cfg.backoff_max_s, self.backoff * 2 or self.cfg.backoff_initial_s)
 
@@ -229,5 +298,5 @@ class Endpoint:
 
     def stats(self) -> dict[str, Any]:
         return {"completed": self.completed, "errors": self.errors, "downs": self.downs,
-                "tokens_out": self.tokens_out, "capacity": self.capacity,
+                "tokens_out": self.tokens_out, "capacity": self.capacity, "window": self.window_reason,
                 "state": "disabled" if self.disabled else ("up" if self.up else "down")}

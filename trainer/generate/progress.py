@@ -32,6 +32,7 @@ class Counters:
     retried_flagged: int = 0
     requeued: int = 0
     server_errors: int = 0
+    aborted: int = 0  # answers with finish_reason "abort" (re-queued, never written)
 
 
 class Progress:
@@ -103,7 +104,7 @@ class Progress:
             "completed": c.completed, "skipped_done": c.skipped_done, "rejected": c.rejected,
             "rejected_by_endpoint": c.rejected_by_endpoint,
             "flagged": dict(c.flagged), "retried_flagged": c.retried_flagged,
-            "requeued": c.requeued, "server_errors": c.server_errors,
+            "requeued": c.requeued, "server_errors": c.server_errors, "aborted": c.aborted,
             "tokens_out": c.tokens_out,
             "completions_per_s": round(c.completed / elapsed, 3) if elapsed > 0 else 0.0,
             "tokens_out_per_s": round(c.tokens_out / elapsed, 1) if elapsed > 0 else 0.0,
@@ -113,10 +114,10 @@ class Progress:
 
     def log_summary(self, s: dict[str, Any]) -> None:
         log.info("generate: finished in %s: %d completed (%.1f/s, %.0f out tok/s), %d already done, "
-                 "%d rejected, flagged %s (%d retried), %d re-queued, %d server errors",
+                 "%d rejected, flagged %s (%d retried), %d re-queued, %d server errors, %d aborted",
                  fmt_duration(s["elapsed_s"]), s["completed"], s["completions_per_s"], s["tokens_out_per_s"],
                  s["skipped_done"], s["rejected"], s["flagged"] or "none", s["retried_flagged"],
-                 s["requeued"], s["server_errors"])
+                 s["requeued"], s["server_errors"], s["aborted"])
         for url, e in s["endpoints"].items():
-            log.info("generate:   %s: %d completed, %d errors, put aside %d times, window %d, %s",
-                     url, e["completed"], e["errors"], e["downs"], e["capacity"], e["state"])
+            log.info("generate:   %s: %d completed, %d errors, put aside %d times, window %d (%s), %s",
+                     url, e["completed"], e["errors"], e["downs"], e["capacity"], e["window"], e["state"])

@@ -4,12 +4,15 @@ Each endpoint has a window (its capacity); a prompt goes to the healthy endpoint
 in-flight/capacity ratio that has room. Outcomes of a request:
   200            the completion is written to the spool (or, when flagged and `retry_flagged`, re-queued
                  once with the larger budget);
+  200 + abort    finish_reason "abort" (SGLang's /abort_request, pause or weight update with abort,
+                 scheduler shutdown) carries partial text: never written, re-queued as one of the
+                 prompt's `max_attempts`;
   timeout/reset  the endpoint is put aside with backoff, its in-flight requests are cancelled and
                  re-queued, and it gets work again only after GET /health answers (a timeout also
                  counts as one of the prompt's `max_attempts`);
   429/5xx        re-queued; `failures_to_down` in a row put the endpoint aside; a prompt that fails
                  `max_attempts` times is rejected with the last error;
-  401/403/404    the endpoint is disabled for the run (configuration error);
+  401/403/404    the endpoint is disabled for the run (configuration error; on the /health probe too);
   other 4xx      the prompt is rejected with the endpoint's message (e.g. over the context length).
 """
 from __future__ import annotations
@@ -110,8 +113,10 @@ class Generator:
 
     # ------------------------------------------------------------------ one request
     def _body(self, work: Work) -> dict[str, Any]:
+        # every sampling field is sent: SGLang fills an omitted one from the model's generation_config
         return {"model": self.model, "messages": list(work.prompt.messages), "max_tokens": work.max_tokens,
-                "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "stream": False,
+                "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "top_k": self.cfg.top_k,
+                "min_p": self.cfg.min_p, "stream": False,
                 "chat_template_kwargs": {"enable_thinking": self.cfg.enable_thinking},
                 "separate_reasoning": True}
 
@@ -159,17 +164,24 @@ class Generator:
             return
         if r.status_code == 200:
             try:
-                comp = parse_completion(r.json())
+                comp = parse_completion(r.json(), ep.parses_reasoning)
             except ValueError as e:
                 self._server_error(ep, work, f"bad response body: {e}")
                 return
             ep.consecutive_failures = 0
             ep.backoff = 0.0
+            if comp.finish_reason == "abort":
+                # aborted by the server, not by the prompt: no completion, and not the endpoint failing
+                # (an abort_all hits every request at once; it must not put the endpoint aside)
+                self.progress.c.aborted += 1
+                tokens = comp.usage.get("completion_tokens")
+                self._attempt_failed(ep, work, f"finish_reason abort after {tokens} tokens")
+                return
             self._finish(ep, work, comp)
         elif r.status_code in (401, 403, 404):
             ep.errors += 1
             self._requeue(work)
-            ep.disabled = f"HTTP {r.status_code} on /v1/chat/completions: {r.text[:200]}"
+            ep.disabled = f"HTTP {r.status_code} on {ep.base}/v1/chat/completions: {r.text[:200]}"
             log.error("endpoint %s disabled for this run: %s (check generate.endpoints and $%s)",
                       ep.url, ep.disabled, self.cfg.api_key_env)
             self._put_aside(ep, ep.disabled)
@@ -252,7 +264,7 @@ class Generator:
                 log.error("endpoint %s disabled for this run: %s", ep.url, e)
                 return
             if ep.up:
-                log.info("endpoint %s: healthy, window %d", ep.url, ep.capacity)
+                log.info("endpoint %s: healthy, window %d (%s)", ep.url, ep.capacity, ep.window_reason)
             else:
                 log.warning("endpoint %s: not healthy yet (%s); probing with backoff", ep.url, ep.down_reason)
                 ep.backoff = self.cfg.backoff_initial_s
