@@ -64,15 +64,44 @@ def test_drafter_sizes_derive_from_target() -> None:
 
 
 def test_torchrun_line_from_placement() -> None:
+    import sys
+
     from trainer.dflash.cli import torchrun_command
 
     cfg = load_run_config(REPO / "files/runs/overfit.yml", [
         "train.placement.nnodes=2", "train.placement.nproc_per_node=4",
         "train.placement.rdzv_endpoint=10.0.0.1:29400"])
-    cmd = torchrun_command(cfg, "files/runs/overfit.yml", node_rank=1, resume=True)
-    assert cmd[:7] == ["torchrun", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
-                       "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=overfit", "--node-rank=1"]
-    assert cmd[-4:] == ["trainer", "train", "files/runs/overfit.yml", "--resume"]
+    assert cfg.train.placement.launches_torchrun and cfg.train.placement.world_size == 8
+    cmd = torchrun_command(cfg, "files/runs/overfit.yml", node_rank=1)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert cmd[3:11] == ["--nnodes=2", "--nproc-per-node=4", "--max-restarts=0", "--shutdown-timeout=270",
+                         "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=overfit",
+                         "--node-rank=1"]
+    assert cmd[-5:] == ["-m", "trainer", "train", "files/runs/overfit.yml", "--resume"]
+    one = load_run_config(REPO / "files/runs/overfit.yml", ["train.placement.nproc_per_node=2"])
+    assert "--standalone" in torchrun_command(one, "x.yml")
+    assert not load_run_config(REPO / "files/runs/overfit.yml").train.placement.launches_torchrun
+    with pytest.raises(ConfigError, match=r"node_rank=2 is not in 0\.\.1"):
+        load_run_config(REPO / "files/runs/overfit.yml", ["train.placement.nnodes=2",
+                                                          "train.placement.node_rank=2"])
+
+
+def test_torchrun_root_cause_is_parsed() -> None:
+    from trainer.dflash.launch import root_cause
+
+    report = """Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_06:00:00
+  host      : ct200
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4242)
+  error_file: <N/A>
+"""
+    assert root_cause(report) == (1, 1, -9)
+    assert root_cause("no report here") is None
 
 
 def test_export_layout_is_what_sglang_loads(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 
     python -m trainer train files/runs/NAME.yml [--set train.lr=1e-4] [--resume]
 
-Under torchrun every rank runs this same command (see `torchrun_command` for the multi-node line
-built from `train.placement`).
+When `train.placement` asks for more than one process, the stage starts torchrun itself
+(`trainer.dflash.launch`): one rank per GPU, each running `python -m trainer train <resolved config>
+--resume`. `--print-torchrun` prints that command line without running it.
 """
 from __future__ import annotations
 
@@ -16,19 +17,29 @@ from trainer.config import RunConfig
 log = logging.getLogger(__name__)
 
 
-def torchrun_command(cfg: RunConfig, config_path: str, node_rank: int = 0, resume: bool = False) -> list[str]:
-    """The torchrun line for this run: nodes and GPUs from `train.placement`, c10d rendezvous."""
-    p = cfg.train.placement
-    cmd = [
-        "torchrun", f"--nnodes={p.nnodes}", f"--nproc-per-node={p.nproc_per_node}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={p.rdzv_endpoint}", f"--rdzv-id={p.rdzv_id or cfg.name}",
-        f"--node-rank={node_rank}", "-m", "trainer", "train", config_path,
-    ]
-    return [*cmd, "--resume"] if resume else cmd
+def torchrun_command(cfg: RunConfig, config_path: str, node_rank: int | None = None,
+                     resume: bool = True) -> list[str]:
+    """The torchrun line this run's train stage executes (`node_rank` overrides the placement's)."""
+    import dataclasses
+
+    from trainer.dflash.launch import launch_command
+
+    if node_rank is not None:
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+            cfg.train, placement=dataclasses.replace(cfg.train.placement, node_rank=node_rank)))
+    cmd = launch_command(cfg, config_path)
+    return cmd if resume else cmd[:-1]
 
 
 def stage(cfg: RunConfig, resume: bool = True) -> int:
-    """The `train` stage: resumes from the run's latest checkpoint when there is one."""
+    """The `train` stage: resumes from the run's latest checkpoint when there is one.
+
+    0 done, 3 data refused, 130 stopped by SIGINT/SIGTERM after a checkpoint, else a failed rank's code.
+    """
+    from trainer.dflash.launch import in_torchrun, launch
+
+    if cfg.train.placement.launches_torchrun and not in_torchrun():
+        return launch(cfg)
     from trainer.data.shards import DataRefused
     from trainer.dflash.loop import train
 
@@ -37,6 +48,10 @@ def stage(cfg: RunConfig, resume: bool = True) -> int:
     except DataRefused as e:
         log.error("train refused: %s", e)
         return 3
+    if result.interrupted:
+        log.warning("train: stopped by a signal at step %d/%d after a checkpoint (%s)", result.step,
+                    result.total_steps, result.checkpoint)
+        return 130
     log.info("train: %d/%d steps, last log %s, export %s", result.step, result.total_steps, result.last_log,
              result.export)
     return 0
@@ -45,7 +60,7 @@ def stage(cfg: RunConfig, resume: bool = True) -> int:
 def _cmd(args: argparse.Namespace) -> int:
     cfg = load_from_args(args)
     if args.print_torchrun:
-        print(" ".join(torchrun_command(cfg, args.config, args.node_rank, args.resume)))
+        print(" ".join(torchrun_command(cfg, args.config, args.node_rank)))
         return 0
     return stage(cfg, resume=args.resume)
 
@@ -56,5 +71,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     p.add_argument("--print-torchrun", action="store_true",
                    help="print the torchrun command for this run's placement and exit")
-    p.add_argument("--node-rank", type=int, default=0, help="with --print-torchrun: this node's rank")
+    p.add_argument("--node-rank", type=int, default=None,
+                   help="with --print-torchrun: this node's rank (default: train.placement.node_rank)")
     p.set_defaults(func=_cmd)

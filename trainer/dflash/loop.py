@@ -11,6 +11,8 @@ import contextlib
 import dataclasses
 import logging
 import math
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +42,7 @@ class TrainResult:
     checkpoint: Path | None
     export: Path | None
     stopped_early: bool = False
+    interrupted: bool = False  # stopped by SIGINT/SIGTERM (after a checkpoint)
 
 
 def shards_path(cfg: RunConfig) -> Path:
@@ -97,11 +100,17 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = build_optimizer(self.params, t)
         self.sched = build_scheduler(self.opt, t, self.total_steps)
+        log.info("rank %d/%d: drafter on %s, target on %s, %d steps", self.rt.rank, self.rt.world_size,
+                 self.rt.device, self.rt.target_device, self.total_steps)
         self.step = 0
+        self._saved_step = -1
+        self._signal: int | None = None
         self.ckpt_root = cfg.run_path / "checkpoints"
 
     # -- state --------------------------------------------------------------------------------------
     def save(self) -> Path | None:
+        """Write a checkpoint (rank 0) and wait for it on every rank; returns its path on rank 0."""
+        self._saved_step = self.step
         weights = self.core.trainable_state_dict()
         path = None
         if self.rt.is_main:
@@ -125,6 +134,7 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
+        self._saved_step = self.step
         log.info("resumed from %s at step %d (epoch %d)", path, self.step, meta.get("epoch", 0))
 
     # -- loop ---------------------------------------------------------------------------------------
@@ -167,7 +177,30 @@ class Trainer:
         self.step += 1
         return loss_sum / t.grad_accum, float(gnorm), acc
 
+    # -- graceful stop ------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self._signal is None:
+            log.warning("rank %d: %s received: checkpoint after this step, then stop", self.rt.rank,
+                        signal.Signals(signum).name)
+        self._signal = signum
+
+    def _stop_agreed(self) -> bool:
+        """True on every rank once any rank got SIGINT/SIGTERM (one all-reduce per step, so all stop at
+        the same step and save together)."""
+        flag = torch.tensor([1.0 if self._signal is not None else 0.0], device=self.rt.device)
+        return bool(dev.all_reduce_sum(flag).item() > 0)
+
     def run(self) -> TrainResult:
+        if threading.current_thread() is not threading.main_thread():
+            return self._run()
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._run()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _run(self) -> TrainResult:
         cfg, t, rt = self.cfg, self.cfg.train, self.rt
         if self.resume:
             found = ckpt.latest_checkpoint(self.ckpt_root)
@@ -212,7 +245,12 @@ class Trainer:
                 if t.stop_after and self.step >= t.stop_after:
                     last_ckpt = self.save()
                     return TrainResult(self.step, self.total_steps, losses, last_log, last_ckpt, None, True)
-            if last_ckpt is None or not last_ckpt.name.endswith(f"{self.step:07d}"):
+                if self.step < self.total_steps and self._stop_agreed():
+                    if self._saved_step != self.step:
+                        last_ckpt = self.save()
+                    return TrainResult(self.step, self.total_steps, losses, last_log, last_ckpt, None, True,
+                                       interrupted=True)
+            if self._saved_step != self.step:  # the same decision on every rank (save() has a barrier)
                 last_ckpt = self.save()
             export = None
             if rt.is_main:

@@ -1,0 +1,144 @@
+"""The train stage under torchrun: one rank per GPU, started by the stage itself.
+
+When ``train.placement`` asks for more than one process (``nnodes * nproc_per_node > 1``) and this process
+is not already a torchrun rank, `launch` writes the resolved run config to ``<run_dir>/launch/config.yml``
+and runs, with the same interpreter::
+
+    python -m torch.distributed.run --nnodes=N --nproc-per-node=P --max-restarts=0 \\
+        --shutdown-timeout=S (--standalone | --rdzv-backend=c10d --rdzv-endpoint=H:P --rdzv-id=ID
+        --node-rank=R) -m trainer train <run_dir>/launch/config.yml --resume
+
+- every rank resumes from the run's latest checkpoint (a relaunch continues where the run stopped);
+- SIGINT / SIGTERM to this process are forwarded to torchrun, which passes them to every rank; the ranks
+  agree to stop after the current step, write one checkpoint and exit 130; torchrun waits up to
+  ``SHUTDOWN_TIMEOUT_S`` for them before SIGKILL. This process then returns 130 (no later stage runs);
+- when a rank dies, torchrun ends the others (``--max-restarts=0``) and this process logs which rank
+  died with which exit code (torchrun's "Root Cause" report) and returns that exit code (1 if unknown).
+- multi-node: torchrun's c10d rendezvous on ``rdzv_endpoint``; each node runs the same unit with its
+  own ``train.placement.node_rank``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+from types import FrameType
+
+import yaml
+
+from trainer.config import RunConfig, to_dict
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 270  # below trainer-run@.service's TimeoutStopSec=300
+INTERRUPTED = 130
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def in_torchrun() -> bool:
+    """Whether this process is a rank started by torchrun (it sets LOCAL_RANK and TORCHELASTIC_RUN_ID)."""
+    return "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def torchrun_args(cfg: RunConfig) -> list[str]:
+    """torchrun's options for this run's placement (single node: --standalone, a free local port)."""
+    p = cfg.train.placement
+    args = [f"--nnodes={p.nnodes}", f"--nproc-per-node={p.nproc_per_node}", "--max-restarts=0",
+            f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}"]
+    if p.nnodes == 1:
+        return [*args, "--standalone"]
+    return [*args, "--rdzv-backend=c10d", f"--rdzv-endpoint={p.rdzv_endpoint}",
+            f"--rdzv-id={p.rdzv_id or cfg.name}", f"--node-rank={p.node_rank}"]
+
+
+def launch_command(cfg: RunConfig, config_path: str | Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(cfg),
+            "-m", "trainer", "train", str(config_path), "--resume"]
+
+
+def write_launch_config(cfg: RunConfig) -> Path:
+    """The resolved config (with every --set applied) that all ranks load."""
+    path = cfg.run_path / "launch" / "config.yml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, path)
+    return path
+
+
+def root_cause(output: str) -> tuple[int, int, int] | None:
+    """(rank, local rank, exit code) of torchrun's first observed failure, if it reported one."""
+    found = _ROOT_CAUSE.findall(output.split("Root Cause", 1)[-1])
+    return tuple(int(x) for x in found[0]) if found else None  # type: ignore[return-value]
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return {INTERRUPTED: "interrupted"}.get(code, "failed")
+
+
+def launch(cfg: RunConfig) -> int:
+    """Run the ranks under torchrun: 0 done, 130 stopped by a signal, else the failed rank's exit code."""
+    config_path = write_launch_config(cfg)
+    cmd = launch_command(cfg, config_path)
+    p = cfg.train.placement
+    log.info("train: %d rank(s) on this node (node %d of %d): %s", p.nproc_per_node, p.node_rank, p.nnodes,
+             " ".join(cmd))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # own session: a terminal's Ctrl-C reaches this process only, which forwards it once
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, start_new_session=True)
+    tail: deque[str] = deque(maxlen=400)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    received: list[int] = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        log.warning("train: %s received, asking every rank to checkpoint and stop",
+                    signal.Signals(signum).name)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT if len(received) == 1 else signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        reader.join(timeout=10)
+    if rc == 0 and not received:
+        log.info("train: all %d rank(s) finished", p.nproc_per_node)
+        return 0
+    if received:
+        log.warning("train: stopped by %s; every rank checkpointed (relaunch resumes from %s)",
+                    signal.Signals(received[0]).name, cfg.run_path / "checkpoints")
+        return INTERRUPTED
+    cause = root_cause("".join(tail))
+    if cause is None:
+        log.error("train: torchrun exited with %d and no rank failure report; the run stopped "
+                  "(relaunch resumes from the last checkpoint under %s)", rc, cfg.run_path / "checkpoints")
+        return rc if rc > 0 else 1
+    rank, local, code = cause
+    log.error("train: rank %d (local rank %d on node %d) %s with exit code %d; torchrun stopped the other "
+              "ranks and the run (relaunch resumes from the last checkpoint under %s)",
+              rank, local, p.node_rank, _describe(code), code, cfg.run_path / "checkpoints")
+    return code if code > 0 else 1
