@@ -9,13 +9,24 @@ state in a JSON file (so a test can read and seed it), answers with real-format 
 rejects: unknown parameters ("property is not defined in schema"), bad types, enums and patterns,
 missing required parameters, an unknown template, a VMID that exists, a rootfs on storage that cannot
 hold containers, a bad token (401). Every request is appended as one JSON line to `--log` so tests can
-check what was sent against the real API schema. Stdlib only: it also runs inside lab containers.
+check what was sent against the real API schema. Stdlib only.
+
+Permissions are pve-container's, by user: only the literal `root@pam` (a ticket from /access/ticket)
+may set bind mounts, `devN`, the features of a privileged container, or features other than nesting;
+an API token `root@pam!NAME` is refused those with HTTP 403 and pve-container's message (see
+`check_ct_modify_config_perm` below; the token is treated as privsep=0, i.e. with root's privileges
+otherwise).
 
     python3 tests/doubles/pve_api.py --host 127.0.0.1 --port 8006 --cert C --key K \
-        --state FILE --token 'root@pam!ansible=SECRET' [--log FILE] [--node pve1]
+        --state FILE --token 'root@pam!ansible=SECRET' [--root-password PW] [--log FILE] [--node pve1] \
+        [--hook CMD]
 
-It is not Proxmox: storage is bookkeeping only, nothing is unpacked or started, and pending
-(hot-plug) config changes are applied at once.
+`--hook CMD` runs `CMD EVENT VMID` (EVENT: vzcreate, vzstart, vzstop, vzdestroy) with the container's
+config as JSON on stdin when a task of that kind runs; a non-zero exit fails the task like a failed
+`lxc-start`. The lab uses it to make a real (podman) container for CT 200 (pve_api_lab_hook.py).
+
+It is not Proxmox: storage is bookkeeping only, nothing is unpacked, and pending (hot-plug) config
+changes are applied at once.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import json
 import os
 import re
 import ssl
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,6 +50,24 @@ except ImportError:
     from pve_api_schema import ApiError, check_params, route  # type: ignore[no-redef]
 
 TASK_SECONDS = 0.05
+# create_vm parameters that are not container config (src/PVE/API2/LXC.pm extract_param calls)
+_CREATE_ONLY = (
+    "vmid",
+    "node",
+    "ostemplate",
+    "password",
+    "ssh-public-keys",
+    "storage",
+    "start",
+    "pool",
+    "unprivileged",
+    "restore",
+    "force",
+    "unique",
+    "ignore-unpack-errors",
+    "bwlimit",
+    "ha-managed",
+)
 APLINFO = [
     "ubuntu-24.04-standard_24.04-2_amd64.tar.zst",
     "debian-12-standard_12.12-1_amd64.tar.zst",
@@ -110,6 +140,48 @@ class State:
         return upid
 
 
+def _perm_exc(what: str) -> ApiError:
+    """pve-common PVE/Exception.pm raise_perm_exc: HTTP 403, "Permission check failed (WHAT)"."""
+    return ApiError(403, f"Permission check failed ({what})")
+
+
+def check_ct_modify_config_perm(
+    user: str, oldconf: dict[str, Any] | None, newconf: dict[str, str], delete: list[str], unprivileged: bool
+) -> None:
+    """pve-container src/PVE/LXC.pm check_ct_modify_config_perm (commit 94f5585, lines 1655-1748), the
+    root@pam-only part of it: called by create_vm (src/PVE/API2/LXC.pm 324-326), update_vm
+    (src/PVE/API2/LXC/Config.pm 179-212) and resize (src/PVE/API2/LXC.pm 2372). A token's user is
+    `root@pam!NAME`, which is not the literal 'root@pam' (line 1658)."""
+    if user == "root@pam":
+        return
+    for opt, is_delete in [(k, False) for k in newconf] + [(k, True) for k in delete]:
+        if opt == "rootfs" or re.fullmatch(r"mp\d+", opt):
+            if is_delete:
+                continue
+            volume = _split_prop(str(newconf[opt]), "volume").get("volume", "")
+            kind = (
+                "bind"
+                if volume.startswith("/") and not volume.startswith("/dev/")
+                else ("device" if volume.startswith("/dev/") else "volume")
+            )
+            if kind != "volume":  # line 1669
+                raise _perm_exc(f"mount point type {kind} is only allowed for root@pam")
+        elif re.fullmatch(r"dev\d+", opt):  # line 1687
+            raise _perm_exc("configuring device passthrough is only allowed for root@pam")
+        elif opt == "features":
+            if not unprivileged:  # lines 1691-1693
+                raise _perm_exc(
+                    "changing feature flags for privileged container is only allowed for root@pam"
+                )
+            old = _split_prop(str((oldconf or {}).get("features", "")), None)
+            new = {} if is_delete else _split_prop(str(newconf[opt]), None)
+            changed = {f for f in set(old) | set(new) if old.get(f, "") != new.get(f, "")}
+            if changed - {"nesting"}:  # lines 1727-1729
+                raise _perm_exc("changing feature flags (except nesting) is only allowed for root@pam")
+        elif opt == "hookscript":  # line 1734
+            raise _perm_exc("changing the hookscript is only allowed for root@pam")
+
+
 def _split_prop(value: str, default_key: str | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for part in value.split(","):
@@ -124,9 +196,14 @@ def _split_prop(value: str, default_key: str | None) -> dict[str, str]:
 class Api:
     """The endpoint handlers; each takes (state, user, path vars, params) and returns `data`."""
 
-    def __init__(self, state: State, token: str) -> None:
+    def __init__(
+        self, state: State, token: str, root_password: str | None = None, hook: str | None = None
+    ) -> None:
         self.state = state
         self.token = token
+        # root@pam's password for /access/ticket; without --root-password the token secret (old behaviour)
+        self.root_password = root_password if root_password is not None else token.rpartition("=")[2]
+        self.hook = hook
         self.ticket = "PVE:root@pam:66F00000::double-ticket"
         self.csrf = "66F00000:double-csrf"
 
@@ -150,7 +227,7 @@ class Api:
         user = params.get("username", "")
         if "@" not in user:
             user += "@pam"
-        if user != "root@pam" or params.get("password") != self.token.rpartition("=")[2]:
+        if user != "root@pam" or params.get("password") != self.root_password:
             raise ApiError(401, "authentication failure")
         return {"username": user, "ticket": self.ticket, "CSRFPreventionToken": self.csrf}
 
@@ -277,21 +354,16 @@ class Api:
         vmid = str(p["vmid"])
         if vmid in self.state.data["cts"]:
             raise ApiError(500, f"CT {vmid} already exists on node '{v['node']}'")
+        # create_vm: unprivileged defaults to 1 (src/PVE/API2/LXC.pm 272), then the permission check (324)
+        unpriv = p.get("unprivileged", "1") in ("1", "true", 1, True)
+        rest = {k: x for k, x in p.items() if k not in _CREATE_ONLY}
+        check_ct_modify_config_perm(user, None, rest, [], unpriv)
         tstore, _, _tname = p["ostemplate"].partition(":")
         if not any(x["volid"] == p["ostemplate"] for x in self._storage(tstore)["volumes"]):
             raise ApiError(500, f"volume '{p['ostemplate']}' does not exist")
-        cfg: dict[str, Any] = {"arch": "amd64", "ostype": "ubuntu", "unprivileged": 0}
+        cfg: dict[str, Any] = {"arch": "amd64", "ostype": "ubuntu", "unprivileged": int(unpriv)}
         for key, val in p.items():
-            if key in (
-                "vmid",
-                "node",
-                "ostemplate",
-                "password",
-                "ssh-public-keys",
-                "storage",
-                "start",
-                "pool",
-            ):
+            if key in _CREATE_ONLY:
                 continue
             if key == "rootfs" or re.fullmatch(r"mp\d+", key):
                 val = self._volume(vmid, val, key)
@@ -306,7 +378,7 @@ class Api:
             "ssh_keys": p.get("ssh-public-keys", ""),
             "has_password": "password" in p,
         }
-        return self.state.task("vzcreate", vmid, user)
+        return self.state.task("vzcreate", vmid, user, self.run_hook("vzcreate", vmid, cfg))
 
     def lxc_config_get(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
         self._node(v["node"])
@@ -318,7 +390,11 @@ class Api:
         self._node(v["node"])
         ct = self._ct(v["vmid"])
         cfg = ct["config"]
-        for key in filter(None, p.get("delete", "").split(",")):
+        delete = list(filter(None, p.get("delete", "").split(",")))
+        new = {k: x for k, x in p.items() if k not in ("vmid", "node", "delete", "digest", "revert")}
+        check_ct_modify_config_perm(user, cfg, {}, delete, bool(int(cfg.get("unprivileged", 0))))
+        check_ct_modify_config_perm(user, cfg, new, [], bool(int(cfg.get("unprivileged", 0))))
+        for key in delete:
             cfg.pop(key, None)
         for key, val in p.items():
             if key in ("vmid", "node", "delete", "digest"):
@@ -333,6 +409,11 @@ class Api:
     def lxc_resize(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
         ct = self._ct(v["vmid"])
         disk = p["disk"]
+        if disk in ct["config"]:  # src/PVE/API2/LXC.pm 2372: the disk's current spec is checked
+            spec = {disk: ct["config"][disk]}
+            check_ct_modify_config_perm(
+                user, ct["config"], spec, [], bool(int(ct["config"].get("unprivileged", 0)))
+            )
         if disk not in ct["config"]:
             raise ApiError(500, f"disk '{disk}' does not exist")
         m = re.fullmatch(r"\+?(\d+)G", p["size"])
@@ -360,8 +441,10 @@ class Api:
         ct = self._ct(v["vmid"])
         if kind == "vzstart" and ct["status"] == "running":
             raise ApiError(500, f"CT {v['vmid']} already running")
-        ct["status"] = status
-        return self.state.task(kind, v["vmid"], user)
+        exitstatus = self.run_hook(kind, v["vmid"], ct["config"])
+        if exitstatus == "OK":
+            ct["status"] = status
+        return self.state.task(kind, v["vmid"], user, exitstatus)
 
     def lxc_start(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
         return self._set_status(v, user, "vzstart", "running")
@@ -376,10 +459,27 @@ class Api:
         ct = self._ct(v["vmid"])
         if ct["status"] == "running":
             raise ApiError(500, f"CT {v['vmid']} is running - destroy failed")
+        self.run_hook("vzdestroy", v["vmid"], ct["config"])
         del self.state.data["cts"][v["vmid"]]
         for st in self.state.data["storage"].values():
             st["volumes"] = [x for x in st["volumes"] if x.get("vmid") != int(v["vmid"])]
         return self.state.task("vzdestroy", v["vmid"], user)
+
+    def run_hook(self, event: str, vmid: str, cfg: dict[str, Any]) -> str:
+        """Run --hook for a task; its exit status, as the task will report it."""
+        if not self.hook:
+            return "OK"
+        proc = subprocess.run(
+            [*self.hook.split(), event, str(vmid)],
+            input=json.dumps(cfg),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if proc.returncode != 0:
+            print(f"hook {event} {vmid} failed: {proc.stderr.strip()}", flush=True)
+            return f"command '{event} {vmid}' failed: exit code {proc.returncode}"
+        return "OK"
 
     def _task(self, v: dict[str, str]) -> dict[str, Any]:
         t = self.state.data["tasks"].get(v["upid"])
@@ -484,9 +584,11 @@ def serve(
     log: Path | None,
     node: str = "pve1",
     pve_dir: Path | None = None,
+    root_password: str | None = None,
+    hook: str | None = None,
 ) -> ThreadingHTTPServer:
     """Build the HTTPS server (call `.serve_forever()`); port 0 picks a free one (`.server_address`)."""
-    api = Api(State(state, node, pve_dir), token)
+    api = Api(State(state, node, pve_dir), token, root_password, hook)
     httpd = ThreadingHTTPServer((host, port), make_handler(api, log))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
@@ -505,10 +607,18 @@ def main() -> None:
     ap.add_argument("--log", type=Path, default=None)
     ap.add_argument("--node", default="pve1")
     ap.add_argument("--pve-dir", type=Path, default=None, help="write lxc/VMID.conf files here, as /etc/pve")
+    ap.add_argument(
+        "--root-password",
+        default=os.environ.get("PVE_ROOT_PASSWORD"),
+        help="root@pam's password for tickets ($PVE_ROOT_PASSWORD; else the token secret)",
+    )
+    ap.add_argument("--hook", default=None, help="run 'HOOK EVENT VMID' (config on stdin) per CT task")
     a = ap.parse_args()
     if "!" not in a.token or "=" not in a.token:
         ap.error("--token must look like user@realm!tokenid=SECRET")
-    httpd = serve(a.host, a.port, a.cert, a.key, a.state, a.token, a.log, a.node, a.pve_dir)
+    httpd = serve(
+        a.host, a.port, a.cert, a.key, a.state, a.token, a.log, a.node, a.pve_dir, a.root_password, a.hook
+    )
     print(f"pve_api double on https://{a.host}:{httpd.server_address[1]}", flush=True)
     httpd.serve_forever()
 

@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 TOKEN_USER = "root@pam"
 TOKEN_ID = "ansible"
 TOKEN_SECRET = "0b6a1f4e-2c1d-4d8e-9a57-5f3c8e2d7b10"
+ROOT_PASSWORD = "double-root-password-7f3a"
 
 
 def make_ca(directory: Path) -> tuple[Path, Path, Path]:
@@ -88,7 +89,9 @@ def _free_port() -> int:
 class PveDouble:
     """The double running on https://127.0.0.1:PORT with state and request log under `directory`."""
 
-    def __init__(self, directory: Path, token_secret: str = TOKEN_SECRET) -> None:
+    def __init__(
+        self, directory: Path, token_secret: str = TOKEN_SECRET, root_password: str = ROOT_PASSWORD
+    ) -> None:
         self.dir = directory
         self.ca, self.cert, self.key = make_ca(directory / "tls")
         self.state_path = directory / "pve-state.json"
@@ -96,6 +99,7 @@ class PveDouble:
         self.pve_dir = directory / "etc-pve"
         self.port = _free_port()
         self.token = f"{TOKEN_USER}!{TOKEN_ID}={token_secret}"
+        self.root_password = root_password
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 15.0) -> None:
@@ -119,6 +123,8 @@ class PveDouble:
                 str(self.log_path),
                 "--pve-dir",
                 str(self.pve_dir),
+                "--root-password",
+                self.root_password,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -157,9 +163,11 @@ class PveDouble:
     def clear_log(self) -> None:
         self.log_path.write_text("")
 
-    def role_vars(self) -> dict[str, Any]:
-        """The pve_ct variables that point the role at this double."""
+    def role_vars(self, root: bool = True) -> dict[str, Any]:
+        """The pve_ct variables that point the role at this double: the shipped auth design (token + a
+        root@pam ticket for the root-only keys), or the token alone with `root=False`."""
         return {
+            "pve_ct_api_root_password": self.root_password if root else "",
             "pve_ct_api_host": "127.0.0.1",
             "pve_ct_api_port": self.port,
             "pve_ct_api_user": TOKEN_USER,
@@ -168,5 +176,4 @@ class PveDouble:
             "pve_ct_api_ca_path": str(self.ca),
             "pve_ct_node": "pve1",
             "pve_ct_pve_dir": str(self.pve_dir),
-            "pve_ct_python_packages": [],  # proxmoxer is in the test venv
         }

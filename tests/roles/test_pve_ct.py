@@ -49,7 +49,12 @@ def base_vars(pve: PveDouble, gpu_dev: Path, **extra: Any) -> dict[str, Any]:
 
 
 def writes(requests: list[dict[str, Any]]) -> list[str]:
-    return [f"{r['method']} {r['path']}" for r in requests if r["method"] in WRITES]
+    """The requests that change something (a ticket login, POST /access/ticket, changes nothing)."""
+    return [
+        f"{r['method']} {r['path']}"
+        for r in requests
+        if r["method"] in WRITES and r["path"] != "/api2/json/access/ticket"
+    ]
 
 
 def assert_ok(res: PlayResult) -> None:
@@ -186,9 +191,36 @@ def test_wrong_token_fails_clearly_without_leaking_it(pve: PveDouble, gpu_dev: P
 
 
 def test_tls_is_verified_against_the_configured_ca(pve: PveDouble, gpu_dev: Path, tmp_path: Path) -> None:
-    res = run_role(tmp_path, base_vars(pve, gpu_dev, pve_ct_api_ca_path=""))
+    """With no CA path the role fetches the cluster CA (pve_ct_api_ca_src, /etc/pve/pve-root-ca.pem on a real
+    host) and verifies against it: another CA there fails verification, the right one passes."""
+    from pve_api_fixture import make_ca
+
+    other_ca, _cert, _key = make_ca(tmp_path / "other")
+    res = run_role(
+        tmp_path / "bad",
+        base_vars(
+            pve,
+            gpu_dev,
+            pve_ct_api_ca_path="",
+            pve_ct_api_ca_src=str(other_ca),
+            pve_ct_api_ca_cache=str(tmp_path / "bad-ca.pem"),
+        ),
+    )
     assert res.rc != 0
     assert any("TLS verification" in f and "pve_ct_api_ca_path" in f for f in res.failures), res.failures
+    good = run_role(
+        tmp_path / "good",
+        base_vars(
+            pve,
+            gpu_dev,
+            pve_ct_api_ca_path="",
+            pve_ct_api_ca_src=str(pve.ca),
+            pve_ct_api_ca_cache=str(tmp_path / "good-ca.pem"),
+        ),
+        check=True,
+    )
+    assert_ok(good)
+    assert (tmp_path / "good-ca.pem").read_text() == pve.ca.read_text()
 
 
 def test_double_rejects_what_the_real_api_rejects(pve: PveDouble) -> None:

@@ -18,17 +18,19 @@ options:
   api_token_secret: {description: API token secret., type: str, required: true}
   validate_certs: {description: Verify TLS., type: bool, default: true}
   ca_path: {description: CA bundle that signed the API certificate., type: path}
+  root_password: {description: root@pam password; when set, a ticket is requested early., type: str}
   node: {description: Proxmox node name., type: str, required: true}
   template_storage: {description: Storage whose templates are listed., type: str, required: true}
 """
 
 RETURN = r"""
 version: {description: PVE version (C(8.4.1))., type: str, returned: always}
+root_ticket: {description: Whether a root@pam ticket was obtained (root_password accepted)., type: bool}
 templates: {description: Volume ids of the templates on template_storage., type: list, returned: always}
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules document first
-from ansible.module_utils.pve_ct_api import API_ARGS, call, connect  # noqa: E402
+from ansible.module_utils.pve_ct_api import API_ARGS, call, connect, connect_root  # noqa: E402
 
 
 def main():
@@ -37,6 +39,7 @@ def main():
     module = AnsibleModule(argument_spec=args, supports_check_mode=True)
     p = module.params
     api, version = connect(module)
+    root_ticket = connect_root(module) is not None
     nodes = [n["node"] for n in call(module, "list nodes", api.nodes.get)]
     if p["node"] not in nodes:
         module.fail_json(
@@ -49,7 +52,10 @@ def main():
         content="vztmpl",
     )
     module.exit_json(
-        changed=False, version=str(version.get("version")), templates=sorted(c["volid"] for c in content)
+        changed=False,
+        version=str(version.get("version")),
+        templates=sorted(c["volid"] for c in content),
+        root_ticket=root_ticket,
     )
 
 

@@ -15,6 +15,11 @@ description:
     C(devN) entries. Check mode reports what would change without calling any write endpoint.
   - Create-only settings (C(unprivileged), C(ssh-public-keys), the rootfs storage) are applied at creation;
     a different C(unprivileged) on an existing container is an error (it needs a re-create).
+  - Auth follows pve-container's permission rules (src/PVE/LXC.pm check_ct_modify_config_perm). The API
+    token creates the container and sets what a token may set; bind mounts (C(mpN) with a host path),
+    C(devN), the features of a privileged container and features other than nesting are sent in a second
+    request with a C(root@pam) ticket (O(root_password)). Without O(root_password) they go with the token,
+    and Proxmox refuses them with HTTP 403.
 options:
   api_host: {description: Proxmox API host., type: str, required: true}
   api_port: {description: Proxmox API port., type: int, default: 8006}
@@ -23,6 +28,7 @@ options:
   api_token_secret: {description: API token secret., type: str, required: true}
   validate_certs: {description: Verify TLS., type: bool, default: true}
   ca_path: {description: CA bundle that signed the API certificate; the system store when unset., type: path}
+  root_password: {description: root@pam password for the root-only keys (ticket)., type: str}
   node: {description: Proxmox node name., type: str, required: true}
   vmid: {description: Container id., type: int, required: true}
   state:
@@ -67,7 +73,15 @@ status: {description: Run state after the run., type: str, returned: always}
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules document first
-from ansible.module_utils.pve_ct_api import API_ARGS, call, connect, prop_matches, split_prop, wait_task  # noqa: E402
+from ansible.module_utils.pve_ct_api import (  # noqa: E402
+    API_ARGS,
+    call,
+    connect,
+    connect_root,
+    prop_matches,
+    split_prop,
+    wait_task,
+)
 
 # Changes Proxmox keeps pending on a running container (applied at the next start).
 RESTART_KINDS = ("dev", "mp", "features")
@@ -101,6 +115,51 @@ def desired_config(p):
     return cfg
 
 
+def root_only(key, value, unprivileged, oldconf):
+    """True for the keys pve-container lets only the literal root@pam set or delete (src/PVE/LXC.pm
+    check_ct_modify_config_perm, lines 1665-1735): non-volume mount points, devN, hookscript, the
+    features of a privileged container, and features other than nesting."""
+    kind = _kind(key)
+    if kind in ("mp", "rootfs"):
+        return value is not None and split_prop(value, "volume").get("volume", "").startswith("/")
+    if kind == "dev" or key == "hookscript":
+        return True
+    if key == "features":
+        if not unprivileged:
+            return True
+        old = split_prop((oldconf or {}).get("features", ""))
+        new = split_prop(value or "")
+        return any(old.get(f, "") != new.get(f, "") for f in set(old) | set(new) if f != "nesting")
+    return False
+
+
+def split_root(params, unprivileged, oldconf, delete=()):
+    """(token part, root part) of a config update; `delete` keys are sorted the same way."""
+    token = {k: v for k, v in params.items() if not root_only(k, v, unprivileged, oldconf)}
+    root = {k: v for k, v in params.items() if k not in token}
+    root_delete = [k for k in delete if root_only(k, None, unprivileged, oldconf) or _kind(k) == "dev"]
+    token_delete = [k for k in delete if k not in root_delete]
+    if token_delete:
+        token["delete"] = ",".join(token_delete)
+    if root_delete:
+        root["delete"] = ",".join(root_delete)
+    return token, root
+
+
+def put_config(module, ct, root_ct, vmid, token_part, root_part):
+    """PUT the token part with the token, then the root-only part with the root@pam ticket (or the token
+    when no root password is set: Proxmox then answers 403, as pve-container does)."""
+    root_who = "a root@pam ticket" if root_ct is not None else "the API token"
+    for part, client, who in ((token_part, ct, "the API token"), (root_part, root_ct or ct, root_who)):
+        if part:
+            call(
+                module,
+                "update CT {} config ({}) with {}".format(vmid, ", ".join(sorted(part)), who),
+                client.config.put,
+                **part,
+            )
+
+
 def matches(key, current, wanted):
     if current is None:
         return False
@@ -113,10 +172,13 @@ def matches(key, current, wanted):
     return str(current) == str(wanted)
 
 
-def create(module, api, want):
+def create(module, api, root_api, want):
     p = module.params
+    token_part, root_part = split_root(want, p["unprivileged"], None)
+    if root_api is None:  # everything with the token: real PVE refuses the root-only keys (403)
+        token_part, root_part = dict(want), {}
     params = dict(
-        want,
+        token_part,
         vmid=p["vmid"],
         ostemplate=p["ostemplate"],
         unprivileged=int(p["unprivileged"]),
@@ -128,6 +190,8 @@ def create(module, api, want):
         return want
     upid = call(module, "create CT {}".format(p["vmid"]), api.nodes(p["node"]).lxc.post, **params)
     wait_task(module, api, p["node"], upid, p["timeout"], "create CT {}".format(p["vmid"]))
+    if root_part:
+        put_config(module, None, root_api.nodes(p["node"]).lxc(p["vmid"]), p["vmid"], {}, root_part)
     return call(module, "read CT {} config".format(p["vmid"]), api.nodes(p["node"]).lxc(p["vmid"]).config.get)
 
 
@@ -192,6 +256,7 @@ def main():
     module = AnsibleModule(argument_spec=args, supports_check_mode=True)
     p = module.params
     api, _version = connect(module)
+    root_api = connect_root(module)
     node, vmid = p["node"], p["vmid"]
     nodes = [n["node"] for n in call(module, "list nodes", api.nodes.get)]
     if node not in nodes:
@@ -206,7 +271,7 @@ def main():
     result = dict(changed=False, created=False, updated=[], vmid=vmid)
     before = {}
     if not exists:
-        after = create(module, api, want)
+        after = create(module, api, root_api, want)
         result.update(changed=True, created=True, updated=sorted(want))
         status = "stopped"
     else:
@@ -217,15 +282,11 @@ def main():
         for key in stale:
             after.pop(key)
         if (changed or stale) and not module.check_mode:
-            params = dict(changed)
-            if stale:
-                params["delete"] = ",".join(stale)
-            call(
-                module,
-                "update CT {} config ({})".format(vmid, ", ".join(sorted(params))),
-                ct.config.put,
-                **params,
+            token_part, root_part = split_root(
+                changed, bool(int(current.get("unprivileged", 0))), current, stale
             )
+            root_ct = root_api.nodes(node).lxc(vmid) if root_api is not None else None
+            put_config(module, ct, root_ct, vmid, token_part, root_part)
         if grow and not module.check_mode:
             upid = call(module, f"grow CT {vmid} rootfs", ct.resize.put, disk="rootfs", size=f"{int(grow)}G")
             wait_task(module, api, node, upid, p["timeout"], f"grow CT {vmid} rootfs")

@@ -1,19 +1,26 @@
-"""Shared Proxmox API plumbing for the pve_ct modules: connect with an API token over verified TLS,
-turn proxmoxer/requests failures into messages that name the endpoint and the setting at fault,
-wait for tasks (UPIDs), and compare Proxmox property strings."""
+"""Shared Proxmox API plumbing for the pve_ct modules: connect with an API token over verified TLS (and,
+for the keys pve-container lets only root@pam set, with a root@pam ticket), turn proxmoxer/requests
+failures into messages that name the endpoint and the setting at fault, wait for tasks (UPIDs), and
+compare Proxmox property strings."""
 
 from __future__ import annotations
 
 import time
 
 try:
+    import proxmoxer
     from proxmoxer import ProxmoxAPI
     from proxmoxer.core import ResourceException
 
     HAS_PROXMOXER = True
+    PROXMOXER_VERSION = getattr(proxmoxer, "__version__", "0")
 except ImportError:  # reported by fail_json in connect()
     HAS_PROXMOXER = False
+    PROXMOXER_VERSION = None
     ResourceException = Exception
+
+# Only this literal user passes pve-container's root-only checks (src/PVE/LXC.pm line 1658).
+ROOT_USER = "root@pam"
 
 API_ARGS = dict(
     api_host=dict(type="str", required=True),
@@ -23,6 +30,7 @@ API_ARGS = dict(
     api_token_secret=dict(type="str", required=True, no_log=True),
     validate_certs=dict(type="bool", default=True),
     ca_path=dict(type="path", default=None),
+    root_password=dict(type="str", default=None, no_log=True),
 )
 
 
@@ -34,6 +42,12 @@ def explain(params, exc, what):
     """A one-line reason for a failed API call, naming the endpoint and the likely setting at fault."""
     text = str(exc)
     token = "{}!{}".format(params["api_user"], params["api_token_id"])
+    if getattr(exc, "status_code", None) == 403 and "root@pam" in text:
+        return (
+            f"Proxmox API at {endpoint(params)} refused to {what} for '{token}' (HTTP 403 {text}): "
+            "pve-container lets only the literal root@pam set these keys; set pve_ct_api_root_password "
+            "(vault) so that the role sends them with a root@pam ticket"
+        )
     if getattr(exc, "status_code", None) == 401 or text.startswith("401"):
         return (
             f"Proxmox API at {endpoint(params)} rejected API token '{token}' while trying to {what} "
@@ -49,16 +63,23 @@ def explain(params, exc, what):
     return f"Proxmox API {endpoint(params)} failed to {what}: {text}"
 
 
-def connect(module):
-    """A ProxmoxAPI client authenticated with the token; fails the module with a clear message."""
-    p = module.params
-    if not HAS_PROXMOXER:
-        module.fail_json(
-            msg="proxmoxer is required on the host that runs the pve_ct modules (pip install proxmoxer)"
-        )
+def _verify(p):
     verify = p["validate_certs"]
     if verify and p.get("ca_path"):
         verify = p["ca_path"]
+    return verify
+
+
+def connect(module):
+    """A ProxmoxAPI client authenticated with the token; fails the module with a clear message."""
+    p = module.params
+    if not HAS_PROXMOXER or int(str(PROXMOXER_VERSION).split(".")[0] or 0) < 2:
+        module.fail_json(
+            msg=f"proxmoxer >= 2 is required where the pve_ct modules run (found {PROXMOXER_VERSION}); "
+            "Proxmox VE 8 ships python3-proxmoxer 1.2, so the role runs them on the controller "
+            "(pve_ct_api_delegate_to, default localhost) whose venv has proxmoxer 2"
+        )
+    verify = _verify(p)
     try:
         api = ProxmoxAPI(
             p["api_host"],
@@ -73,6 +94,32 @@ def connect(module):
     except Exception as exc:
         module.fail_json(msg=explain(p, exc, "read /version"))
     return api, version
+
+
+def connect_root(module):
+    """A client with a root@pam ticket (password login), for the keys only root@pam may set; None when no
+    root password is configured (the token is then used and real PVE answers 403)."""
+    p = module.params
+    if not p.get("root_password"):
+        return None
+    try:
+        api = ProxmoxAPI(
+            p["api_host"],
+            port=p["api_port"],
+            user=ROOT_USER,
+            password=p["root_password"],
+            verify_ssl=_verify(p),
+            timeout=30,
+        )
+    except Exception as exc:
+        text = str(exc)
+        if "401" in text or "authentication" in text.lower():
+            module.fail_json(
+                msg=f"Proxmox API at {endpoint(p)} refused a root@pam ticket (HTTP 401): check "
+                "pve_ct_api_root_password"
+            )
+        module.fail_json(msg=explain(p, exc, "log in as root@pam"))
+    return api
 
 
 def call(module, what, fn, *args, **kwargs):

@@ -1,0 +1,141 @@
+"""Role pve_ct against the Proxmox API double with real PVE's permission rules (pve-container
+src/PVE/LXC.pm check_ct_modify_config_perm): only the literal root@pam may set bind mounts, devN and the
+features of a privileged container; an API token (root@pam!NAME) is refused them with HTTP 403 and
+pve-container's message. The shipped design (token + a root@pam ticket for those keys) gets through."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proxmoxer import ProxmoxAPI
+from proxmoxer.core import ResourceException
+from pve_run import PveDouble, fake_gpu_dev, run_role
+
+MOUNT = [{"host_path": "/tank/workspace", "mount_point": "/workspace"}]
+
+
+@pytest.fixture()
+def pve(tmp_path: Path) -> Iterator[PveDouble]:
+    double = PveDouble(tmp_path / "pve")
+    double.start()
+    try:
+        yield double
+    finally:
+        double.stop()
+
+
+def role_vars(pve: PveDouble, dev: Path, root: bool, **extra: Any) -> dict[str, Any]:
+    return {
+        **pve.role_vars(root=root),
+        "pve_ct_host_dev_dir": str(dev),
+        "pve_ct_rootfs_storage": "scratch",
+        "pve_ct_verify_gpus": False,
+        "pve_ct_bind_mounts": MOUNT,
+        **extra,
+    }
+
+
+def token_api(pve: PveDouble) -> ProxmoxAPI:
+    return ProxmoxAPI(
+        "127.0.0.1",
+        port=pve.port,
+        user="root@pam",
+        token_name="ansible",
+        token_value=pve.token.rpartition("=")[2],
+        verify_ssl=str(pve.ca),
+    )
+
+
+def test_token_only_bind_mount_is_refused_with_pve_message(pve: PveDouble, tmp_path: Path) -> None:
+    dev = fake_gpu_dev(tmp_path / "dev")
+    res = run_role(
+        tmp_path / "run",
+        role_vars(
+            pve, dev, root=False, pve_ct_features=[], pve_ct_unprivileged=True, pve_ct_passthrough_mode="raw"
+        ),
+    )
+    assert res.rc != 0
+    msg = "Permission check failed (mount point type bind is only allowed for root@pam)"
+    assert any(msg in f and "403" in f and "pve_ct_api_root_password" in f for f in res.failures), (
+        res.failures
+    )
+    assert "200" not in pve.state()["cts"]  # refused before anything was created
+
+
+def test_token_only_devn_is_refused_with_pve_message(pve: PveDouble, tmp_path: Path) -> None:
+    dev = fake_gpu_dev(tmp_path / "dev")
+    res = run_role(
+        tmp_path / "run", role_vars(pve, dev, root=False, pve_ct_bind_mounts=[], pve_ct_features=[])
+    )
+    assert res.rc != 0
+    msg = "Permission check failed (configuring device passthrough is only allowed for root@pam)"
+    assert any(msg in f for f in res.failures), res.failures
+
+
+def test_double_enforces_pve_rules_by_user_and_key(pve: PveDouble) -> None:
+    """Directly through proxmoxer: the token may create an unprivileged CT with nesting, not a privileged
+    CT with features, not features other than nesting, not devN; root@pam's ticket may."""
+    api = token_api(pve)
+    api.nodes("pve1").aplinfo.post(storage="local", template="debian-12-standard_12.12-1_amd64.tar.zst")
+    tmpl = "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst"
+    api.nodes("pve1").lxc.post(
+        vmid=301, ostemplate=tmpl, rootfs="scratch:4", features="nesting=1", unprivileged=1
+    )
+    cases = [
+        (
+            dict(vmid=302, unprivileged=0, features="nesting=1"),
+            "changing feature flags for privileged container is only allowed for root@pam",
+        ),
+        (
+            dict(vmid=303, unprivileged=1, features="nesting=1,keyctl=1"),
+            "changing feature flags (except nesting) is only allowed for root@pam",
+        ),
+        (dict(vmid=304, dev0="/dev/nvidia0"), "configuring device passthrough is only allowed for root@pam"),
+        (dict(vmid=305, mp0="/tank,mp=/tank"), "mount point type bind is only allowed for root@pam"),
+    ]
+    for params, why in cases:
+        with pytest.raises(ResourceException) as err:
+            api.nodes("pve1").lxc.post(ostemplate=tmpl, rootfs="scratch:4", **params)
+        assert err.value.status_code == 403 and f"Permission check failed ({why})" in str(err.value), params
+    with pytest.raises(ResourceException) as err:
+        api.nodes("pve1").lxc(301).config.put(dev0="/dev/nvidia0")
+    assert err.value.status_code == 403
+    root = ProxmoxAPI(
+        "127.0.0.1", port=pve.port, user="root@pam", password=pve.root_password, verify_ssl=str(pve.ca)
+    )
+    root.nodes("pve1").lxc(301).config.put(
+        dev0="/dev/nvidia0", mp0="/tank,mp=/tank", features="nesting=1,keyctl=1"
+    )
+    cfg = root.nodes("pve1").lxc(301).config.get()
+    assert cfg["dev0"] == "/dev/nvidia0" and cfg["mp0"] == "/tank,mp=/tank"
+    with pytest.raises(ResourceException) as err:  # the token may not delete a devN either (line 1687)
+        api.nodes("pve1").lxc(301).config.put(delete="dev0")
+    assert err.value.status_code == 403
+    with pytest.raises(Exception, match="401"):
+        ProxmoxAPI("127.0.0.1", port=pve.port, user="root@pam", password="wrong", verify_ssl=str(pve.ca))
+
+
+def test_shipped_design_creates_ct200_then_changes_nothing(pve: PveDouble, tmp_path: Path) -> None:
+    """Token + root@pam ticket: CT 200, privileged, 8 GPUs as devN, /workspace bind-mounted, nesting on;
+    the token did the create and the ticket set only the root-only keys; a second run changes nothing."""
+    dev = fake_gpu_dev(tmp_path / "dev")
+    first = run_role(tmp_path / "one", role_vars(pve, dev, root=True))
+    assert first.rc == 0, first.failures
+    cfg = pve.state()["cts"]["200"]["config"]
+    assert cfg["mp0"] == "/tank/workspace,mp=/workspace" and cfg["features"] == "nesting=1"
+    assert cfg["unprivileged"] == 0
+    devs = sorted(v.split(",")[0] for k, v in cfg.items() if k.startswith("dev"))
+    assert [d for d in devs if d.rsplit("/", 1)[1].startswith("nvidia") and d[-1].isdigit()] == [
+        f"{dev}/nvidia{i}" for i in range(8)
+    ]
+    log = pve.requests()
+    create = next(r for r in log if r["method"] == "POST" and r["path"] == "/api2/json/nodes/pve1/lxc")
+    assert not any(k.startswith(("dev", "mp")) or k == "features" for k in create["params"]), create["params"]
+    root_put = [r for r in log if r["method"] == "PUT" and r["path"].endswith("/lxc/200/config")]
+    assert len(root_put) == 1 and {"mp0", "features", "dev0"} <= set(root_put[0]["params"])
+    assert all(r["status"] == 200 for r in log), [r for r in log if r["status"] != 200]
+    second = run_role(tmp_path / "two", role_vars(pve, dev, root=True))
+    assert second.rc == 0 and second.changed == 0, second.changed_tasks
