@@ -82,10 +82,11 @@ def raw_vars(env: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def writes(pve: PveDouble) -> list[str]:
+    """Requests that change something (a root@pam ticket login changes nothing)."""
     return [
         f"{r['method']} {r['path'].rsplit('/', 2)[-2]}/{r['path'].rsplit('/', 1)[-1]}"
         for r in pve.requests()
-        if r["method"] != "GET"
+        if r["method"] != "GET" and r["path"] != "/api2/json/access/ticket"
     ]
 
 
