@@ -120,3 +120,60 @@ def test_standalone_help_needs_only_the_stdlib() -> None:
     out = subprocess.run([sys.executable, "-S", "-I", str(DOUBLE), "--help"], capture_output=True, text=True,
                          timeout=30, check=True)
     assert "--die-after" in out.stdout and "--tokens-per-s" in out.stdout
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_answers_as_real_sglang_in_the_edge_cases(sglang: Any) -> None:
+    d = sglang("--reasoning-parser", "qwen3", "--max-running", "5", "--max-running-unset")
+    # empty thinking: reasoning_content null (serving_chat.py: `reasoning_text if reasoning_text else None`)
+    empty = [{"role": "user", "content": f"q {sglang_double.EMPTY_THINKING}"}]
+    msg = post(d.url, {"messages": empty, "max_tokens": 1000})[1]["choices"][0]["message"]
+    assert msg["reasoning_content"] is None and msg["content"] == sglang_double.expected_completion(empty)[1]
+    assert "</think>" in msg["content"]
+    # the budget ends inside the thinking: content "" (never null), the partial thinking as reasoning
+    cut = post(d.url, {"messages": MSGS, "max_tokens": 4})[1]["choices"][0]
+    assert cut["finish_reason"] == "length" and cut["message"]["content"] == ""
+    assert cut["message"]["reasoning_content"] == " ".join(sglang_double.completion_tokens(MSGS)[1:4])
+    # started without --max-running-requests: null, the effective value in internal_states
+    for path in ("/server_info", "/get_server_info"):
+        info = get(d.url + path)
+        assert info["max_running_requests"] is None and info["reasoning_parser"] == "qwen3"
+        assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 5
+    # OpenAI-style clients that put /v1 in front of the native API get FastAPI's 404
+    assert status_of(d.url + "/v1/health") == 404
+    plain = sglang("--no-server-info", "--max-running", "3")
+    assert status_of(plain.url + "/server_info") == 404
+    info = get(plain.url + "/get_server_info")
+    assert info["max_running_requests"] == 3 and info["reasoning_parser"] is None
+
+
+def test_abort_is_http_200_with_partial_text(sglang: Any) -> None:
+    d = sglang("--reasoning-parser", "qwen3", "--abort-rate", "1.0")
+    code, body = post(d.url, {"messages": MSGS, "max_tokens": 1000})
+    assert code == 200 and body["choices"][0]["finish_reason"] == "abort"
+    assert body["choices"][0]["matched_stop"] is None
+    full = len(sglang_double.completion_tokens(MSGS))
+    assert body["usage"]["completion_tokens"] == max(1, full // 2) < full
+    assert d.stats()["aborted"] == 1
+
+
+def test_health_is_503_while_starting() -> None:
+    from genhelpers import Double
+
+    d = Double(["--startup-s", "30"], healthy=False)
+    try:
+        assert status_of(d.url + "/health") == 503 and status_of(d.url + "/health_generate") == 503
+    finally:
+        d.stop()
+    ready = Double(["--startup-s", "0.5"], healthy=True)  # waits out the 503s
+    try:
+        assert status_of(ready.url + "/health") == 200
+    finally:
+        ready.stop()
