@@ -233,6 +233,9 @@ class Endpoint:
                 tried.append(f"{path}: {type(e).__name__}: {e}")
         if isinstance(info, dict) and "reasoning_parser" in info:
             self.parses_reasoning = bool(info["reasoning_parser"])
+        elif self.cfg.enable_thinking and self.parses_reasoning is None:
+            log.warning("endpoint %s: its server info does not say whether SGLang runs a reasoning parser; "
+                        "an answer without reasoning_content is split at its first </think>", self.url)
         if self.cfg.concurrency:
             self.capacity, self.window_reason = self.cfg.concurrency, "generate.concurrency"
             return
