@@ -1,7 +1,10 @@
-"""Python helpers of role sglang, run here as the units run them.
+"""Python helpers of role sglang, and the stand-in SGLang wheels of its molecule scenario and the lab.
 
-The stand-ins wrap the SGLang double (tests/doubles/sglang_server.py), because SGLang cannot serve on CPU;
-the router stand-in replaces the Rust sglang-router in test/lab mode. The model helper is exercised on
+The stand-in wheels (molecule/sglang/files/sglang_standin_wheels.py) are installed here with pip, as uv
+installs them on the node, and run as the units run SGLang: `python -m sglang.launch_server` (wraps the
+SGLang double, tests/doubles/sglang_server.py, because SGLang cannot serve on CPU) and
+`python -m sglang_router.launch_router` (stands in for the Rust sglang-router). The model helper is
+exercised on
 local directories and on a real S3 endpoint on loopback (moto's server, `s3_server` fixture); hf://
 sources need the hub, which no test may reach, so only their error path (no huggingface_hub) is tested.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -25,6 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "sglang" / "files"
 DOUBLE = ROOT / "tests" / "doubles" / "sglang_server.py"
+STANDIN = ROOT / "molecule" / "sglang" / "files"
 
 
 def _load(name: str) -> ModuleType:
@@ -82,15 +87,86 @@ def procs() -> Iterator[list[subprocess.Popen]]:
         p.wait(timeout=10)
 
 
-def _launch_standin(tmp_path: Path, port: int, *extra: str) -> subprocess.Popen:
-    """The wrapper as the unit runs it: next to a copy of the double, with SGLang's arguments."""
-    d = tmp_path / "standin"
-    d.mkdir(exist_ok=True)
-    for src in (FILES / "sglang_launch_standin.py", DOUBLE):
-        (d / src.name).write_bytes(src.read_bytes())
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in wheels, built and installed by a real installer (pip --no-index) into a target dir."""
+    out = tmp_path_factory.mktemp("standin")
+    subprocess.run(
+        [
+            sys.executable,
+            str(STANDIN / "sglang_standin_wheels.py"),
+            str(out / "wheels"),
+            "--sglang-version",
+            "0.5.23",
+            "--router-version",
+            "0.3.2",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-index",
+            "--find-links",
+            str(out / "wheels"),
+            "--target",
+            str(out / "site"),
+            "sglang==0.5.23",
+            "sglang-router==0.3.2",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return out / "site"
+
+
+def _module(site: Path, module: str, *argv: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(site))
+    return subprocess.Popen([sys.executable, "-m", module, *argv], env=env, **kw)
+
+
+def test_standin_wheels_are_the_pinned_distributions(standin: Path) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.metadata as m; print(m.version('sglang'), m.version('sglang-router'))",
+        ],
+        env=dict(os.environ, PYTHONPATH=str(standin)),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert r.stdout.split() == ["0.5.23", "0.3.2"]
+    assert (standin / "sglang" / "_double.py").read_bytes() == DOUBLE.read_bytes()
+
+
+def test_launch_standin_refuses_an_argument_sglang_does_not_know(standin: Path) -> None:
+    p = _module(
+        standin,
+        "sglang.launch_server",
+        "--model-path",
+        "/m",
+        "--port",
+        "1",
+        "--no-such-flag",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 2 and "unrecognized arguments: --no-such-flag" in err
+
+
+def _launch_standin(standin: Path, port: int, *extra: str) -> subprocess.Popen:
+    """The stand-in as the unit runs it (python -m sglang.launch_server), with SGLang's arguments."""
     argv = [
-        sys.executable,
-        str(d / "sglang_launch_standin.py"),
         "--model-path",
         "/models/Qwen3.6-27B",
         "--served-model-name",
@@ -107,12 +183,12 @@ def _launch_standin(tmp_path: Path, port: int, *extra: str) -> subprocess.Popen:
         "qwen3",
         *extra,
     ]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return _module(standin, "sglang.launch_server", *argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def test_launch_standin_takes_sglang_arguments_and_serves_the_double(tmp_path: Path, procs: list) -> None:
+def test_launch_standin_takes_sglang_arguments_and_serves_the_double(standin: Path, procs: list) -> None:
     port = _port()
-    procs.append(_launch_standin(tmp_path, port, "--api-key", "k1"))
+    procs.append(_launch_standin(standin, port, "--api-key", "k1"))
     _wait(f"http://127.0.0.1:{port}/health")
     assert _get(f"http://127.0.0.1:{port}/v1/models")[0] == 401, "--api-key was not passed to the double"
     status, body = _post(
@@ -128,9 +204,9 @@ def test_launch_standin_takes_sglang_arguments_and_serves_the_double(tmp_path: P
     assert info["model_path"] == "tiny-qwen"
 
 
-def test_launch_standin_never_healthy_switch(tmp_path: Path, procs: list) -> None:
+def test_launch_standin_never_healthy_switch(standin: Path, procs: list) -> None:
     port = _port()
-    procs.append(_launch_standin(tmp_path, port, "--standin-never-healthy"))
+    procs.append(_launch_standin(standin, port, "--standin-never-healthy"))
     deadline = time.monotonic() + 20
     status = None
     while time.monotonic() < deadline:
@@ -143,7 +219,7 @@ def test_launch_standin_never_healthy_switch(tmp_path: Path, procs: list) -> Non
     assert _get(f"http://127.0.0.1:{port}/health_generate")[0] == 503
 
 
-def test_router_standin_spreads_requests_and_fails_over(tmp_path: Path, procs: list) -> None:
+def test_router_standin_spreads_requests_and_fails_over(standin: Path, procs: list) -> None:
     ports = [_port(), _port()]
     for p in ports:
         procs.append(
@@ -154,10 +230,10 @@ def test_router_standin_spreads_requests_and_fails_over(tmp_path: Path, procs: l
             )
         )
     rport = _port()
-    router = subprocess.Popen(
-        [
-            sys.executable,
-            str(FILES / "sglang_router_standin.py"),
+    router = _module(
+        standin,
+        "sglang_router.launch_router",
+        *[
             "--host",
             "127.0.0.1",
             "--port",
@@ -316,3 +392,34 @@ def test_model_fetch_from_hf_without_huggingface_hub_says_what_is_missing(
     ):
         m.fetch("hf://Qwen/Qwen3.6-27B", tmp_path / "dest")
     assert not (tmp_path / "dest" / ".sglang-model.json").exists()
+
+
+def test_model_verify_checks_the_source_it_was_fetched_from(tmp_path: Path) -> None:
+    m = _load("sglang_model")
+    src = _model(tmp_path / "src")
+    m.fetch(str(src), tmp_path / "dest")
+    assert m.verify(tmp_path / "dest", str(src))
+    # A new revision (hf://org/name@sha) or another source must trigger a fetch, not pass the check.
+    with pytest.raises(m.ModelError, match=r"fetched from '.*src', not 'hf://Qwen/Qwen3.6-27B@abc'"):
+        m.verify(tmp_path / "dest", "hf://Qwen/Qwen3.6-27B@abc")
+
+
+def test_model_stage_copies_once_and_refuses_without_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = _load("sglang_model")
+    src = _model(tmp_path / "src")
+    m.fetch(str(src), tmp_path / "model")
+    staged = tmp_path / "shm" / "model"
+    files = m.stage(tmp_path / "model", staged)
+    assert m.verify(staged) == files
+    before = (staged / "s1.safetensors").stat().st_mtime_ns
+    m.stage(tmp_path / "model", staged)  # already there: kept as it is
+    assert (staged / "s1.safetensors").stat().st_mtime_ns == before
+    (staged / "s1.safetensors").write_bytes(b"x")  # damaged copy: staged again
+    assert m.stage(tmp_path / "model", staged) == files and m.verify(staged) == files
+    with pytest.raises(m.ModelError, match=r"no .sglang-model.json"):
+        m.stage(src, tmp_path / "shm" / "other")  # only a verified model is staged
+    monkeypatch.setattr(m.shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
+    with pytest.raises(m.ModelError, match=r"staging .* needs 0.00 GiB, only 0.00 GiB free there"):
+        m.stage(tmp_path / "model", tmp_path / "shm2" / "model")
