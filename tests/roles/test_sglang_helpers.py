@@ -4,9 +4,9 @@ The stand-in wheels (molecule/sglang/files/sglang_standin_wheels.py) are install
 installs them on the node, and run as the units run SGLang: `python -m sglang.launch_server` (wraps the
 SGLang double, tests/doubles/sglang_server.py, because SGLang cannot serve on CPU) and
 `python -m sglang_router.launch_router` (stands in for the Rust sglang-router). The model helper is
-exercised on
-local directories and on a real S3 endpoint on loopback (moto's server, `s3_server` fixture); hf://
-sources need the hub, which no test may reach, so only their error path (no huggingface_hub) is tested.
+exercised on local directories and on a real S3 endpoint on loopback (moto's server, `s3_server`
+fixture); hf:// sources need the hub, which no test may reach, so only their error path (no
+huggingface_hub) is tested.
 """
 
 from __future__ import annotations
