@@ -148,7 +148,7 @@ def _perm_exc(what: str) -> ApiError:
 def check_ct_modify_config_perm(
     user: str, oldconf: dict[str, Any] | None, newconf: dict[str, str], delete: list[str], unprivileged: bool
 ) -> None:
-    """pve-container src/PVE/LXC.pm check_ct_modify_config_perm (commit 94f5585, lines 1655-1748), the
+    """pve-container src/PVE/LXC.pm check_ct_modify_config_perm (commit 94f5585, lines 1655-1756), the
     root@pam-only part of it: called by create_vm (src/PVE/API2/LXC.pm 324-326), update_vm
     (src/PVE/API2/LXC/Config.pm 179-212) and resize (src/PVE/API2/LXC.pm 2372). A token's user is
     `root@pam!NAME`, which is not the literal 'root@pam' (line 1658)."""
@@ -169,16 +169,16 @@ def check_ct_modify_config_perm(
         elif re.fullmatch(r"dev\d+", opt):  # line 1687
             raise _perm_exc("configuring device passthrough is only allowed for root@pam")
         elif opt == "features":
-            if not unprivileged:  # lines 1691-1693
+            if not unprivileged:  # lines 1690-1693
                 raise _perm_exc(
                     "changing feature flags for privileged container is only allowed for root@pam"
                 )
             old = _split_prop(str((oldconf or {}).get("features", "")), None)
             new = {} if is_delete else _split_prop(str(newconf[opt]), None)
             changed = {f for f in set(old) | set(new) if old.get(f, "") != new.get(f, "")}
-            if changed - {"nesting"}:  # lines 1727-1729
+            if changed - {"nesting"}:  # lines 1731-1733
                 raise _perm_exc("changing feature flags (except nesting) is only allowed for root@pam")
-        elif opt == "hookscript":  # line 1734
+        elif opt == "hookscript":  # line 1738
             raise _perm_exc("changing the hookscript is only allowed for root@pam")
 
 

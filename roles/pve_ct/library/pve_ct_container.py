@@ -117,7 +117,7 @@ def desired_config(p):
 
 def root_only(key, value, unprivileged, oldconf):
     """True for the keys pve-container lets only the literal root@pam set or delete (src/PVE/LXC.pm
-    check_ct_modify_config_perm, lines 1665-1735): non-volume mount points, devN, hookscript, the
+    check_ct_modify_config_perm, lines 1665-1738): non-volume mount points, devN, hookscript, the
     features of a privileged container, and features other than nesting."""
     kind = _kind(key)
     if kind in ("mp", "rootfs"):
