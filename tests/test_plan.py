@@ -80,3 +80,13 @@ def test_model_config_defaults_to_the_target_path_and_errors_clearly(tmp_path: P
     missing = plan(str(RUN), "--set", f"target.path={tmp_path / 'nope'}")
     assert missing.returncode == 2
     assert "cannot read the model's config.json" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_plan_needs_no_torch() -> None:
+    """The controller that runs `plan` before deploying may have no torch / transformers."""
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+            "from trainer.cli import main\n"
+            f"sys.exit(main(['plan', {str(RUN)!r}, '--model-config', {str(FIXTURE)!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "TFLOP" in r.stdout

@@ -119,8 +119,7 @@ def drafter_params(a: Any, target_hidden: int) -> int:
 
 
 def build_plan(cfg: RunConfig, t: SimpleNamespace, capacity_gb: float) -> Plan:
-    from trainer.dflash.drafter import resolve_arch
-    from trainer.dflash.target import default_layer_ids
+    from trainer.dflash.arch import default_layer_ids, resolve_arch
 
     d, p, loss = cfg.drafter, cfg.train.placement, cfg.loss
     ids = d.target_layer_ids or default_layer_ids(int(t.num_hidden_layers), d.num_layers)

@@ -13,16 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-
-def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """DFlash's target layer ids: round(1 + i*(L-4)/(n-1)); L=64, n=5 -> (1, 16, 31, 46, 61).
-
-    Id k is the *output* of 0-based decoder layer k, i.e. HF ``hidden_states[k + 1]``.
-    """
-    if num_draft_layers == 1:
-        return (num_target_layers // 2,)
-    span = num_target_layers - 4
-    return tuple(round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+from trainer.dflash.arch import default_layer_ids
 
 
 class _StopForward(Exception):
