@@ -88,6 +88,40 @@ def test_sigint_checkpoints_every_rank_and_relaunch_resumes(make_run) -> None:
     assert _steps(cfg.run_path)[-2:] == [at + 1, at + 2]
 
 
+def _descendants(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            out += [int(d.name), *_descendants(int(d.name))]
+    return out
+
+
+def test_sigint_to_every_process_as_systemd_sends_it(make_run) -> None:
+    """trainer-run@.service stops with KillSignal=SIGINT to the whole cgroup (KillMode=control-group): the
+    launcher, torchrun's agent and every rank get SIGINT at once; still one checkpoint, exit 130."""
+    path = make_run(rows=random_rows(8, 32, seed=6), train={**RUN["train"], "max_steps": 400},
+                    drafter=RUN["drafter"])
+    cfg = load_run_config(path)
+    proc = _start(path)
+    _wait_for_step(proc, cfg.run_path, 2)
+    tree = [proc.pid, *_descendants(proc.pid)]
+    assert len(tree) >= 4  # launcher, torchrun, 2 ranks
+    for pid in tree:
+        os.kill(pid, signal.SIGINT)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, log[-3000:]
+    stopped = ckpt.latest_checkpoint(cfg.run_path / "checkpoints")
+    assert stopped is not None and int(stopped.name.split("-")[1]) >= 2, log[-3000:]
+    time.sleep(1)
+    assert [p for p in tree if Path(f"/proc/{p}").exists()] == []
+
+
 def _rank_pids(launch_cfg: Path) -> dict[int, int]:
     """local rank -> pid of the rank processes running `trainer train <launch config>`."""
     found = {}

@@ -49,8 +49,8 @@ def stage(cfg: RunConfig, resume: bool = True) -> int:
         log.error("train refused: %s", e)
         return 3
     if result.interrupted:
-        log.warning("train: stopped by a signal at step %d/%d after a checkpoint (%s)", result.step,
-                    result.total_steps, result.checkpoint)
+        log.warning("train: stopped by a signal at step %d/%d after a checkpoint%s", result.step,
+                    result.total_steps, f" ({result.checkpoint})" if result.checkpoint else "")
         return 130
     log.info("train: %d/%d steps, last log %s, export %s", result.step, result.total_steps, result.last_log,
              result.export)
