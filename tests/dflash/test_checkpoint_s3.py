@@ -31,3 +31,12 @@ def test_checkpoints_are_uploaded(make_run, s3_server: Any) -> None:
 def test_upload_needs_a_bucket(make_run) -> None:
     with pytest.raises(ConfigError, match=r"train\.upload_checkpoints is set but s3\.bucket is empty"):
         load_run_config(make_run(), ["train.upload_checkpoints=true"])
+
+
+def test_a_failed_upload_does_not_stop_training(make_run, s3_server: Any, caplog: Any) -> None:
+    path = make_run(rows=random_rows(4, 32, seed=8), drafter={"max_anchors": 4, "block_size": 4},
+                    train={"max_steps": 1, "save_every": 1, "batch_size": 2, "upload_checkpoints": True},
+                    s3={"bucket": "no-such-bucket", "endpoint_url": s3_server.endpoint_url})
+    result = train(load_run_config(path))
+    assert result.step == 1 and result.checkpoint is not None and (result.checkpoint / "meta.json").is_file()
+    assert "checkpoint upload of" in caplog.text and "failed" in caplog.text

@@ -121,7 +121,11 @@ class Trainer:
             path = ckpt.save_checkpoint(self.ckpt_root, self.step, weights=weights, state=state, meta=meta,
                                         config=to_dict(self.cfg), keep_last=self.cfg.train.keep_last)
             if self.cfg.train.upload_checkpoints:
-                ckpt.upload_checkpoint(path, self.cfg.s3)
+                try:
+                    ckpt.upload_checkpoint(path, self.cfg.s3)
+                except Exception as e:  # a failed copy must not end a days-long run
+                    log.error("checkpoint upload of %s failed (the local checkpoint is intact; the next one "
+                              "is uploaded as usual): %s", path, e)
         if self.rt.distributed:
             dev.barrier()
         return path
