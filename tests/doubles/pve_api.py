@@ -204,6 +204,7 @@ class Api:
         # root@pam's password for /access/ticket; without --root-password the token secret (old behaviour)
         self.root_password = root_password if root_password is not None else token.rpartition("=")[2]
         self.hook = hook
+        self.hook_errors: dict[str, list[str]] = {}  # the last failed hook's stderr, shown in its task log
         self.ticket = "PVE:root@pam:66F00000::double-ticket"
         self.csrf = "66F00000:double-csrf"
 
@@ -478,6 +479,7 @@ class Api:
         )
         if proc.returncode != 0:
             print(f"hook {event} {vmid} failed: {proc.stderr.strip()}", flush=True)
+            self.hook_errors[str(vmid)] = proc.stderr.strip().splitlines()[-5:]
             return f"command '{event} {vmid}' failed: exit code {proc.returncode}"
         return "OK"
 
@@ -497,7 +499,11 @@ class Api:
 
     def task_log(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
         t = self._task(v)
-        return [{"n": 1, "t": f"starting {t['type']} {t['id']}"}, {"n": 2, "t": f"TASK {t['exitstatus']}"}]
+        lines = [f"starting {t['type']} {t['id']}"]
+        if t["exitstatus"] != "OK":
+            lines += self.hook_errors.get(str(t["id"]), [])
+        lines.append(f"TASK {t['exitstatus']}")
+        return [{"n": i + 1, "t": line} for i, line in enumerate(lines)]
 
 
 def make_handler(api: Api, log_path: Path | None) -> type[BaseHTTPRequestHandler]:

@@ -12,8 +12,9 @@ configure it). A real Proxmox VE cannot run here.
 {"name": "lab-ct200", "image": ..., "network": ..., "host": "lab-pve", "volumes": [...], "setup": "sh"}}}.
 On `vzstart` the hook runs the container if it does not exist (bind mounts `mpN` of the "Proxmox host"
 container are mapped to this machine's paths through that container's own mounts; hostname from the CT
-config) and runs `setup` in it once; `vzstop`/`vzshutdown` stop it, `vzdestroy` removes it. Mount and
-device changes after the first start are not re-applied (podman cannot add mounts to a container).
+config) and, once its systemd has booted, runs `setup` in it (at every start: it is idempotent);
+`vzstop`/`vzshutdown` stop it, `vzdestroy` removes it. Mount and device changes after the first start
+are not re-applied (podman cannot add mounts to a container).
 """
 
 from __future__ import annotations
@@ -76,6 +77,19 @@ def run_ct(spec: dict[str, Any], cfg: dict[str, Any]) -> None:
         if _exists(other):
             args += ["--add-host", f"{other}:{_ip(other, spec['network'])}"]
     _podman(*args, spec["image"], "/lib/systemd/systemd")
+
+
+def setup(spec: dict[str, Any], timeout: float = 120.0) -> None:
+    """Wait until systemd in the container has booted (it mounts /tmp), then run the lab's setup script
+    (idempotent; run at every start)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = _podman("exec", spec["name"], "systemctl", "is-system-running", check=False).stdout.strip()
+        if state in ("running", "degraded"):
+            break
+        time.sleep(1)
+    else:
+        raise SystemExit(f"{spec['name']}: systemd did not finish booting in {timeout:.0f}s ({state})")
     if spec.get("setup"):
         _podman("exec", spec["name"], "sh", "-ec", spec["setup"])
 
@@ -92,6 +106,7 @@ def hook(config: Path, event: str, vmid: str) -> int:
                 _podman("start", name)
             else:
                 run_ct(spec, cfg)
+            setup(spec)
         elif event in ("vzstop", "vzshutdown") and _exists(name):
             _podman("stop", "-t", "10", name)
         elif event == "vzdestroy":
