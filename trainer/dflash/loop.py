@@ -105,6 +105,7 @@ class Trainer:
         self.step = 0
         self._saved_step = -1
         self._signal: int | None = None
+        self._uploader: threading.Thread | None = None
         self.ckpt_root = cfg.run_path / "checkpoints"
 
     # -- state --------------------------------------------------------------------------------------
@@ -118,17 +119,32 @@ class Trainer:
                      "sampler": self.sampler.state_dict(), "rng": ckpt.rng_state(), "step": self.step}
             meta = {"epoch": self.sampler.epoch, "total_steps": self.total_steps,
                     "arch": dataclasses.asdict(self.core.arch), "world_size": self.rt.world_size}
+            self.wait_for_upload()  # keep_last may delete the checkpoint the last upload is reading
             path = ckpt.save_checkpoint(self.ckpt_root, self.step, weights=weights, state=state, meta=meta,
                                         config=to_dict(self.cfg), keep_last=self.cfg.train.keep_last)
             if self.cfg.train.upload_checkpoints:
-                try:
-                    ckpt.upload_checkpoint(path, self.cfg.s3)
-                except Exception as e:  # a failed copy must not end a days-long run
-                    log.error("checkpoint upload of %s failed (the local checkpoint is intact; the next one "
-                              "is uploaded as usual): %s", path, e)
+                self._upload_in_background(path)
         if self.rt.distributed:
             dev.barrier()
         return path
+
+    def _upload(self, path: Path) -> None:
+        try:
+            ckpt.upload_checkpoint(path, self.cfg.s3)
+        except Exception as e:  # a failed copy must not end a days-long run
+            log.error("checkpoint upload of %s failed (the local checkpoint is intact; the next one "
+                      "is uploaded as usual): %s", path, e)
+
+    def _upload_in_background(self, path: Path) -> None:
+        """Copy a checkpoint to S3 in a thread, so the other ranks do not wait in the save barrier for
+        tens of GB to cross the network (NCCL's watchdog); one upload at a time."""
+        self._uploader = threading.Thread(target=self._upload, args=(path,), name="ckpt-upload", daemon=True)
+        self._uploader.start()
+
+    def wait_for_upload(self) -> None:
+        if self._uploader is not None:
+            self._uploader.join()
+            self._uploader = None
 
     def load(self, path: Path) -> None:
         weights, state, meta = ckpt.load_checkpoint(path, map_location="cpu")
@@ -263,6 +279,7 @@ class Trainer:
                 log.info("exported the drafter for SGLang to %s", export)
             return TrainResult(self.step, self.total_steps, losses, last_log, last_ckpt, export)
         finally:
+            self.wait_for_upload()  # the last checkpoint is on S3 before the stage returns
             logger.close()
 
 
