@@ -32,12 +32,18 @@ def add_run_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="run config, e.g. files/runs/NAME.yml")
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key (dotted path, value parsed as YAML); repeatable",
+        help="override a config key (dotted path, value parsed as YAML); repeatable; wins over --overrides",
+    )
+    p.add_argument(
+        "--overrides", dest="override_files", action="append", default=[], metavar="FILE.yml",
+        help="a YAML mapping merged over the run config by the same strict loader (unknown keys are "
+        "errors); repeatable, later files win",
     )
 
 
 def load_from_args(args: argparse.Namespace) -> RunConfig:
-    return load_run_config(args.config, args.overrides)
+    """The run config of a subcommand: run file < --overrides files < --set."""
+    return load_run_config(args.config, args.overrides, args.override_files)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -53,6 +59,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     cfg = load_from_args(args)
+    if args.json:
+        import json
+
+        from trainer.report import run_report
+
+        print(json.dumps(run_report(cfg, args.config, args.base_dir), indent=1))
+        return 0
     print(f"{args.config}: ok (run {cfg.name}, stages {', '.join(cfg.stages)})")
     return 0
 
@@ -108,8 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_config_args(p)
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("check", help="validate a run config and exit")
+    p = sub.add_parser("check", help="validate a run config and exit (--json: what the playbooks need)")
     add_run_config_args(p)
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: stages, run dir, result paths, endpoints, staging, "
+                   "secret env names, placement")
+    p.add_argument("--base-dir", type=Path, default=None,
+                   help="with --json: the trainer's working directory a relative run_dir is resolved against "
+                   "(default: the current directory)")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser(

@@ -2,7 +2,9 @@
 
 The loader is strict: an unknown key, a missing required key or a value of the wrong type is a
 `ConfigError` whose message names the key by its dotted path (``train.lr``, ``generate.endpoints[1].url``).
-`--set a.b=c` overrides go through the same loader, so they are validated the same way.
+`--set a.b=c` overrides and `--overrides FILE.yml` files (a mapping merged over the run file) go through
+the same loader, so they are validated the same way. Precedence: run file < overrides files (in order) <
+`--set`.
 
 Each component owns its section (torchtitan style): the section dataclasses live next to the code that
 reads them (``trainer/generate/config.py`` ...) and this module only assembles them into `RunConfig`.
@@ -166,12 +168,13 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path, what: str = "run config") -> dict[str, Any]:
+    """A YAML mapping from `path` (`what` names the file's role in messages)."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read run config ({e.strerror})") from e
+        raise ConfigError(f"{path}: cannot read {what} ({e.strerror})") from e
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -179,13 +182,55 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a run config must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{path}: {what} must be a mapping, got {type(data).__name__}")
     return data
 
 
-def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """Load files/runs/NAME.yml (plus `--set` overrides) into a validated `RunConfig`."""
-    data = apply_overrides(read_yaml(path), overrides)
+def _check_overrides(cls: type, data: Mapping[str, Any], where: str) -> None:
+    """Refuse unknown keys and ill-typed leaves of an overrides mapping against section `cls`."""
+    hints = get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    for key, value in data.items():
+        dotted = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            accepts = ", ".join(sorted(fields))
+            raise ConfigError(f"unknown key {dotted}; {where or cls.__name__} accepts: {accepts}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{dotted}: expected a mapping, got {type(value).__name__} {value!r}")
+            _check_overrides(tp, value, dotted)
+        else:
+            _convert(tp, value, dotted)
+
+
+def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge `over` into `base` (in place): mappings merge key by key, anything else replaces."""
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            merge(base[key], value)
+        else:
+            base[key] = dict(value) if isinstance(value, Mapping) else value
+    return base
+
+
+def read_overrides(path: str | Path) -> dict[str, Any]:
+    """An overrides file: a partial run config mapping, checked key by key; errors name the file."""
+    data = read_yaml(path, what="overrides file")
+    try:
+        _check_overrides(RunConfig, data, "")
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    return data
+
+
+def load_run_config(path: str | Path, overrides: Sequence[str] = (),
+                    override_files: Sequence[str | Path] = ()) -> RunConfig:
+    """Load files/runs/NAME.yml, then each overrides file, then the `--set` overrides, into a `RunConfig`."""
+    data = read_yaml(path)
+    for extra in override_files:
+        merge(data, read_overrides(extra))
+    data = apply_overrides(data, overrides)
     data.setdefault("name", Path(path).stem)
     try:
         return from_dict(RunConfig, data)
@@ -261,4 +306,7 @@ class RunConfig:
 
     @property
     def run_path(self) -> Path:
-        return Path(self.run_dir.format(name=self.name))
+        """The run directory (`trainer.layout.RunLayout` knows what lies under it)."""
+        from trainer.layout import RunLayout
+
+        return RunLayout.of(self).root

@@ -1,0 +1,131 @@
+"""Where a run keeps its files: the one module that knows the run directory's layout.
+
+    <run_dir>/
+        <generate.output>/            shards of regenerated completions, manifest.json (progress)
+            _state/                   spool: lock, open shards, rejects.ndjson, summary.json
+        completions/                  completions fetched from S3 for prepare (data.completions s3://)
+        <data.shards>/                Arrow shards + manifest.json with the doctor's verdict
+        launch/config.yml             the resolved config every torchrun rank loads
+        checkpoints/step-NNNNNNN/     numbered checkpoints, `latest` pointer (trainer/dflash/checkpoint.py)
+        export/                       the drafter exported for SGLang
+        metrics.jsonl                 training metrics (and wandb/ when W&B is on)
+        eval/step-NNNNNNN.json        offline acceptance length of a checkpoint
+
+Relative paths in the config (`run_dir`, `data.shards`, `eval.shards`) are relative to the trainer's
+working directory (`run_dir`) and to the run directory (the others); `base` resolves `run_dir` for a
+caller elsewhere (the controller asking for the node's paths).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer.config import RunConfig
+
+EVAL_PATTERN = "step-*.json"
+CHECKPOINT_PATTERN = "step-*"
+
+
+def _under(root: Path, path: str | Path) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else root / p
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunLayout:
+    """The paths of one run, derived from its config once (`RunLayout.of(cfg)`)."""
+
+    root: Path  # the run directory
+    shards: Path  # prepared Arrow shards (data.shards)
+    eval_shards: Path  # the shards eval scores (eval.shards, else data.shards)
+    generate_output: Path  # generate's output dir (generate.output)
+    completions: str  # prepare's input, a path or s3:// URL (data.completions, else generate's)
+
+    @classmethod
+    def of(cls, cfg: RunConfig, base: str | Path | None = None) -> RunLayout:
+        root = Path(cfg.run_dir.format(name=cfg.name))
+        if base is not None:
+            root = _under(Path(base), root)
+        return cls(
+            root=root,
+            shards=_under(root, cfg.data.shards),
+            eval_shards=_under(root, cfg.eval.shards or cfg.data.shards),
+            generate_output=root / cfg.generate.output,
+            completions=cfg.data.completions or str(root / cfg.generate.output),
+        )
+
+    # -- generate ------------------------------------------------------------------------------------
+    @property
+    def generate_state(self) -> Path:
+        return self.generate_output / "_state"
+
+    @property
+    def generate_manifest(self) -> Path:
+        """The progress manifest (complete, shards, counts), mirrored to S3."""
+        return self.generate_output / "manifest.json"
+
+    @property
+    def generate_summary(self) -> Path:
+        return self.generate_state / "summary.json"
+
+    @property
+    def generate_rejects(self) -> Path:
+        return self.generate_state / "rejects.ndjson"
+
+    @property
+    def prompts_cache(self) -> Path:
+        """Where an s3:// prompts file is downloaded once."""
+        return self.generate_state / "prompts"
+
+    # -- prepare -------------------------------------------------------------------------------------
+    @property
+    def fetched_completions(self) -> Path:
+        """Where prepare downloads completions that live on S3."""
+        return self.root / "completions"
+
+    # -- train ---------------------------------------------------------------------------------------
+    @property
+    def launch_config(self) -> Path:
+        return self.root / "launch" / "config.yml"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    # -- eval ----------------------------------------------------------------------------------------
+    @property
+    def eval_dir(self) -> Path:
+        return self.root / "eval"
+
+    def eval_result(self, step: int) -> Path:
+        return self.eval_dir / f"step-{step:07d}.json"
+
+    def to_json(self) -> dict[str, str]:
+        """Every path as a string (`python -m trainer check --json`)."""
+        return {
+            "run_dir": str(self.root),
+            "generate_output": str(self.generate_output),
+            "generate_manifest": str(self.generate_manifest),
+            "generate_summary": str(self.generate_summary),
+            "generate_rejects": str(self.generate_rejects),
+            "completions": self.completions,
+            "shards": str(self.shards),
+            "eval_shards": str(self.eval_shards),
+            "launch_config": str(self.launch_config),
+            "checkpoints": str(self.checkpoints),
+            "checkpoint_pattern": CHECKPOINT_PATTERN,
+            "export": str(self.export),
+            "metrics": str(self.metrics),
+            "eval_dir": str(self.eval_dir),
+            "eval_pattern": EVAL_PATTERN,
+        }
