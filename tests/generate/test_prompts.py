@@ -55,7 +55,7 @@ def test_id_without_id_field_is_a_stable_digest_of_the_kept_turns() -> None:
 @pytest.mark.parametrize(("line", "reason"), [
     ("{not json", "invalid JSON"),
     ("[1, 2]", "expected a JSON object"),
-    (json.dumps({"id": 1, "text": "hi"}), "neither 'messages'"),
+    (json.dumps({"id": 1, "text": "hi"}), "no 'messages' (OpenAI) or 'conversations'"),
     (json.dumps({"id": 1, "messages": [{"role": "system", "content": "s"}]}), "no user turn"),
     (json.dumps({"id": 1, "messages": [{"role": "user", "content": "   "}]}), "no user turn"),
     (json.dumps({"id": 1, "messages": [{"role": "user", "content": "x" * 101}]}),

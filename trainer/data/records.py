@@ -2,7 +2,8 @@
 
 Input files are `.jsonl`, `.jsonl.zst` or `.json` (a list of records); a directory is read in sorted
 order. Each record becomes a `Conversation`: OpenAI-style messages where an assistant message carries
-its thinking in `reasoning_content` (inline `<think>...</think>` in content is split out). A record that
+its thinking in `reasoning_content` (inline `<think>...</think>` in content is split out); speakers are
+read by trainer/conversation.py (one role map for prompts and completions). A record that
 cannot be understood is a `DataError` naming the file and line.
 """
 from __future__ import annotations
@@ -14,11 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainer.conversation import ConversationError, content_text, read_turns, record_format
+
 INPUT_SUFFIXES = (".jsonl", ".jsonl.zst", ".json", ".jsonl.zstd")
-_SHAREGPT_ROLES = {
-    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-    "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool",
-}
 
 
 _PASSTHROUGH = ("tool_calls", "tool_call_id", "name")
@@ -117,56 +116,34 @@ def _split_inline_think(content: str) -> tuple[str, str | None, bool]:
     return content, None, False
 
 
-def _text(value: Any, where: str, field: str) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):  # OpenAI content parts
-        parts = []
-        for part in value:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                raise DataError(f"{where}: {field}: only text content parts are supported, got {part!r:.80}")
-        return "".join(parts)
-    raise DataError(f"{where}: {field}: expected a string, got {type(value).__name__}")
-
-
 def normalize(rec: Any, where: str) -> Conversation:
     """One raw record (generator / OpenAI messages / sharegpt) -> `Conversation`."""
     if not isinstance(rec, dict):
         raise DataError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
-    if "messages" in rec:
-        raw_msgs, role_key, text_key, field = rec["messages"], "role", "content", "messages"
-    elif "conversations" in rec:
-        raw_msgs, role_key, text_key, field = rec["conversations"], "from", "value", "conversations"
-    else:
-        raise DataError(f"{where}: no 'messages' (OpenAI/generator) or 'conversations' (sharegpt) key; "
-                        f"keys are {sorted(rec)[:8]}")
-    if not isinstance(raw_msgs, list) or not raw_msgs:
-        raise DataError(f"{where}: '{field}' must be a non-empty list")
+    try:
+        field = record_format(rec)[0]
+        if not isinstance(rec[field], list) or not rec[field]:
+            raise DataError(f"{where}: '{field}' must be a non-empty list")
+        turns = read_turns(rec)
+    except ConversationError as e:
+        raise DataError(f"{where}: {e}") from None
     messages: list[dict[str, Any]] = []
     unterminated = False
-    for i, m in enumerate(raw_msgs):
-        at = f"{where}: {field}[{i}]"
-        if not isinstance(m, dict):
-            raise DataError(f"{at}: expected an object, got {type(m).__name__}")
-        raw_role = m.get(role_key, m.get("role"))
-        role = _SHAREGPT_ROLES.get(str(raw_role).lower()) if raw_role is not None else None
-        if role is None:
-            raise DataError(f"{at}: unknown role {raw_role!r} (expected system/user/assistant)")
-        content = _text(m.get(text_key, m.get("content")), at, text_key)
-        msg: dict[str, Any] = {"role": role, "content": content}
+    for t in turns:
+        m = t.raw
+        msg: dict[str, Any] = {"role": t.role, "content": t.content}
         for extra in _PASSTHROUGH:  # tool calling: the target's template renders these itself
             if m.get(extra) is not None:
                 msg[extra] = m[extra]
-        if role == "assistant":
+        if t.role == "assistant":
             reasoning = m.get("reasoning_content", m.get("reasoning"))
             if reasoning is not None:
-                msg["reasoning_content"] = _text(reasoning, at, "reasoning_content")
+                try:
+                    msg["reasoning_content"] = content_text(reasoning, f"{t.where}: reasoning_content")
+                except ConversationError as e:
+                    raise DataError(f"{where}: {e}") from None
             else:
-                content, inline, unterminated = _split_inline_think(content)
+                content, inline, unterminated = _split_inline_think(t.content)
                 msg["content"] = content
                 if inline is not None:
                     msg["reasoning_content"] = inline

@@ -3,6 +3,7 @@
 Accepted line formats (one JSON object per line, files *.jsonl or *.jsonl.zst, or a directory of them):
   OpenAI:   {"id": ..., "messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
   ShareGPT: {"id": ..., "conversations": [{"from": "system"|"human"|"gpt", "value": ...}, ...]}
+Speakers are read by trainer/conversation.py (one role map for prompts and completions).
 The sample id is the line's "id" (or "conversation_id"); without one it is a digest of the kept turns,
 so it is stable across restarts. A line is rejected (never sent) when it is not JSON, has no user turn,
 has an unsupported role or content, is longer than `max_prompt_chars`, or repeats an earlier id.
@@ -17,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
-                  "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
+from trainer.conversation import ConversationError, Turn, read_turns
+
 KEPT_ROLES = ("system", "user")
 SUFFIXES = (".jsonl", ".jsonl.zst", ".json", ".ndjson")
 
@@ -72,48 +73,11 @@ def open_text(path: Path) -> io.TextIOBase:
     return path.open(encoding="utf-8", errors="replace")
 
 
-def _text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts: only text parts can be regenerated here
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise PromptError(f"{where}: unsupported content part {kind!r} (only text)")
-        return "".join(parts)
-    if content is None:
-        return ""
-    raise PromptError(f"{where}: content must be a string, got {type(content).__name__}")
-
-
-def _turns(obj: dict[str, Any]) -> list[tuple[str, str]]:
-    if "messages" in obj:
-        msgs = obj["messages"]
-        if not isinstance(msgs, list):
-            raise PromptError("messages: expected a list")
-        out = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise PromptError(f"messages[{i}]: expected an object with a 'role'")
-            out.append((m["role"], _text(m.get("content"), f"messages[{i}]")))
-        return out
-    if "conversations" in obj:
-        conv = obj["conversations"]
-        if not isinstance(conv, list):
-            raise PromptError("conversations: expected a list")
-        out = []
-        for i, m in enumerate(conv):
-            if not isinstance(m, dict) or not isinstance(m.get("from"), str):
-                raise PromptError(f"conversations[{i}]: expected an object with a 'from'")
-            role = SHAREGPT_ROLES.get(m["from"].lower())
-            if role is None:
-                raise PromptError(f"conversations[{i}]: unsupported speaker {m['from']!r}")
-            out.append((role, _text(m.get("value"), f"conversations[{i}]")))
-        return out
-    raise PromptError("neither 'messages' (OpenAI) nor 'conversations' (ShareGPT)")
+def _turns(obj: dict[str, Any]) -> list[Turn]:
+    try:
+        return read_turns(obj)
+    except ConversationError as e:
+        raise PromptError(str(e)) from None
 
 
 def parse_line(line: str, max_chars: int) -> Prompt:
@@ -135,12 +99,15 @@ def parse_line(line: str, max_chars: int) -> Prompt:
 
 def _parse_object(obj: dict[str, Any], raw_id: Any, max_chars: int) -> Prompt:
     kept = []
-    for i, (role, text) in enumerate(_turns(obj)):
-        if role == "assistant":
+    for t in _turns(obj):
+        if t.role == "assistant":
             continue  # the original completion: regenerated
-        if role not in KEPT_ROLES:
-            raise PromptError(f"turn {i}: unsupported role {role!r}")
-        kept.append({"role": role, "content": text})
+        if t.role not in KEPT_ROLES:
+            kind = "speaker" if t.where.startswith("conversations") else "role"
+            also = f" (a {t.role} turn)" if t.speaker != t.role else ""
+            raise PromptError(f"turn {t.index}: unsupported {kind} {t.speaker!r}{also}; a prompt keeps "
+                              f"{'/'.join(KEPT_ROLES)} turns")
+        kept.append({"role": t.role, "content": t.content})
     while kept and kept[-1]["role"] != "user":  # nothing to answer after the last user turn
         kept.pop()
     if not any(m["role"] == "user" and m["content"].strip() for m in kept):
