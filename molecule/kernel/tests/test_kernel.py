@@ -60,18 +60,30 @@ def test_build_tree_removed_after_success(host, fact):
     assert not host.file(f"{CACHE}/work/{fact['cache_key']}").exists
 
 
-def test_pinned_for_next_boot_before_reboot_and_default_only_after(host, release):
+ENTRY = "Advanced options for Debian GNU/Linux>Debian GNU/Linux, with Linux {}"
+
+
+def test_old_pinned_before_install_new_booted_once_and_default_only_after(host, release):
+    old = host.file("/var/lib/fake-boot/initial").content_string.strip()
     calls = host.file("/var/lib/fake-boot/calls.log").content_string.splitlines()
     # Exactly one attempt: the idempotence converge neither pinned nor rebooted again.
     assert calls == [
-        f"proxmox-boot-tool kernel pin {release} --next-boot",
+        "grub-editenv /boot/grub/grubenv list",
+        f"grub-set-default {ENTRY.format(old)}",
+        "update-grub",
+        f"zz-fake-boot {release} /boot/vmlinuz-{release}",
+        "grub-editenv /boot/grub/grubenv list",
+        f"grub-reboot {ENTRY.format(release)}",
         f"reboot -> {release}",
-        f"proxmox-boot-tool kernel pin {release}",
+        "grub-editenv /boot/grub/grubenv list",
+        f"grub-set-default {ENTRY.format(release)}",
     ]
 
 
 def test_new_kernel_runs_and_is_default(host, fact, release):
     assert host.file("/var/lib/fake-boot/running").content_string.strip() == release
-    assert host.file("/var/lib/fake-boot/default").content_string.strip() == release
+    env = host.check_output("grub-editenv /boot/grub/grubenv list").splitlines()
+    assert f"saved_entry={ENTRY.format(release)}" in env
     assert fact["default"] == release
     assert fact["fallback"] == host.file("/var/lib/fake-boot/initial").content_string.strip()
+    assert fact["base_release"] == fact["fallback"], "the cache key must not follow the running kernel"

@@ -93,3 +93,11 @@ def test_failed_build_names_the_pair_and_the_first_compiler_error(host, release)
     assert "0.0.1-broken" in msg and release in msg, msg
     assert "nvidia/nv-pci.c:7:12: error: too few arguments to function 'pci_resize_resource'" in msg, msg
     assert "full log: /var/cache/gpu-node/nvidia-open/build-" in msg
+
+
+def test_dev_nodes_unit_runs_before_pve_guests(host):
+    # CT 200 with onboot=1 is started by pve-guests.service: the nodes must exist before it.
+    unit = host.file("/etc/systemd/system/nvidia-dev-nodes.service").content_string.splitlines()
+    before = next(line for line in unit if line.startswith("Before=")).split("=", 1)[1].split()
+    assert "pve-guests.service" in before, before
+    assert host.file("/etc/systemd/system/pve-guests.service.wants/nvidia-dev-nodes.service").exists
