@@ -16,9 +16,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "doubles"))
 
+from pve_api import default_state  # noqa: E402
 from pve_api_fixture import PveDouble  # noqa: E402
 
-__all__ = ["REPO", "PlayResult", "PveDouble", "fake_gpu_dev", "run_role"]
+__all__ = ["REPO", "PlayResult", "PveDouble", "default_state", "fake_gpu_dev", "run_role"]
 
 
 @dataclass

@@ -5,6 +5,7 @@ pve-container's message. The shipped design (token + a root@pam ticket for those
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
-from pve_run import PveDouble, fake_gpu_dev, run_role
+from pve_run import PveDouble, default_state, fake_gpu_dev, run_role
 
 MOUNT = [{"host_path": "/tank/workspace", "mount_point": "/workspace"}]
 
@@ -118,9 +119,24 @@ def test_double_enforces_pve_rules_by_user_and_key(pve: PveDouble) -> None:
         ProxmoxAPI("127.0.0.1", port=pve.port, user="root@pam", password="wrong", verify_ssl=str(pve.ca))
 
 
-def test_shipped_design_creates_ct200_then_changes_nothing(pve: PveDouble, tmp_path: Path) -> None:
-    """Token + root@pam ticket: CT 200, privileged, 8 GPUs as devN, /workspace bind-mounted, nesting on;
-    the token did the create and the ticket set only the root-only keys; a second run changes nothing."""
+@pytest.mark.parametrize("pve_version", ["8.4.1", "9.0.10"])
+def test_shipped_design_creates_ct200_then_changes_nothing(tmp_path: Path, pve_version: str) -> None:
+    """Token + root@pam ticket, on Proxmox VE 8 and 9: CT 200, privileged, 8 GPUs as devN, /workspace
+    bind-mounted, nesting on; the token did the create and the ticket set only the root-only keys; a second
+    run changes nothing."""
+    state = default_state("pve1")
+    state["version"] = {"version": pve_version, "release": pve_version.rsplit(".", 1)[0], "repoid": "0"}
+    pve = PveDouble(tmp_path / "pve")
+    pve.state_path.parent.mkdir(parents=True, exist_ok=True)
+    pve.state_path.write_text(json.dumps(state))
+    pve.start()
+    try:
+        _shipped_design(pve, tmp_path)
+    finally:
+        pve.stop()
+
+
+def _shipped_design(pve: PveDouble, tmp_path: Path) -> None:
     dev = fake_gpu_dev(tmp_path / "dev")
     first = run_role(tmp_path / "one", role_vars(pve, dev, root=True))
     assert first.rc == 0, first.failures
