@@ -53,3 +53,21 @@ def test_base_resolves_a_relative_run_dir_and_the_layout_is_frozen(tmp_path):
 def test_run_path_is_the_layout_root(tmp_path):
     cfg = cfg_of(tmp_path, "run_dir: out/{name}-x\n")
     assert cfg.run_path == RunLayout.of(cfg).root == Path("out/lay-x")
+
+
+def test_the_generate_spool_is_where_the_layout_says(tmp_path):
+    from trainer.generate.store import ShardStore
+
+    lay = RunLayout.of(cfg_of(tmp_path, f"run_dir: {tmp_path}/r\n"))
+    store = ShardStore(lay.generate_output)
+    try:
+        assert store.state == lay.generate_state
+    finally:
+        store.close()
+
+
+def test_checkpoint_and_eval_names_agree(tmp_path):
+    from trainer.dflash.checkpoint import step_dir_name
+
+    lay = RunLayout.of(cfg_of(tmp_path, ""))
+    assert lay.eval_result(100).stem == step_dir_name(100) == "step-0000100"

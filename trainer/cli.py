@@ -1,9 +1,10 @@
 """`python -m trainer ...`: the command line of the trainer package.
 
-Each component registers its own subcommands (``trainer/<component>/cli.py: register``) and exposes
-``stage(cfg) -> int`` so that `python -m trainer run RUN.yml` can run a run's stages in order
-(generate -> prepare -> train -> eval). Heavy imports (torch, transformers) happen inside the
-commands, never at import time, so `--help` is instant.
+Each component registers its own subcommands (``trainer/<component>/cli.py: register``, argument
+parsing only) and keeps its stage body in ``trainer/<component>/stage.py: stage(cfg) -> int`` so that
+`python -m trainer run RUN.yml` can run a run's stages in order (generate -> prepare -> train -> eval).
+Heavy imports (torch, transformers) happen inside the commands, never at import time, so `--help` is
+instant.
 """
 from __future__ import annotations
 
@@ -16,12 +17,19 @@ from pathlib import Path
 
 from trainer.config import ConfigError, RunConfig, load_run_config
 
-# stage name -> module exposing `register(subparsers)` and `stage(cfg) -> int`
+# stage name -> module exposing `register(subparsers)` (the component's subcommands)
 COMPONENTS = {
     "generate": "trainer.generate.cli",
     "prepare": "trainer.data.cli",
     "train": "trainer.dflash.cli",
     "eval": "trainer.eval.cli",
+}
+# stage name -> module exposing `stage(cfg) -> int`
+STAGES = {
+    "generate": "trainer.generate.stage",
+    "prepare": "trainer.data.stage",
+    "train": "trainer.dflash.stage",
+    "eval": "trainer.eval.stage",
 }
 
 log = logging.getLogger("trainer")
@@ -50,7 +58,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = load_from_args(args)
     for name in cfg.stages:
         log.info("run %s: stage %s", cfg.name, name)
-        rc = importlib.import_module(COMPONENTS[name]).stage(cfg)
+        rc = importlib.import_module(STAGES[name]).stage(cfg)
         if rc:
             log.error("run %s: stage %s failed (exit %d)", cfg.name, name, rc)
             return rc

@@ -24,8 +24,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from trainer.config import RunConfig
 
+CHECKPOINTS_DIR = "checkpoints"  # under the run dir; a run dir given as a checkpoint resolves through it
 EVAL_PATTERN = "step-*.json"
 CHECKPOINT_PATTERN = "step-*"
+
+
+def step_name(step: int) -> str:
+    """The name of a step's checkpoint dir and of its eval result (without .json): step-0000100."""
+    return f"step-{step:07d}"
 
 
 def _under(root: Path, path: str | Path) -> Path:
@@ -92,7 +98,7 @@ class RunLayout:
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.root / CHECKPOINTS_DIR
 
     @property
     def export(self) -> Path:
@@ -108,7 +114,7 @@ class RunLayout:
         return self.root / "eval"
 
     def eval_result(self, step: int) -> Path:
-        return self.eval_dir / f"step-{step:07d}.json"
+        return self.eval_dir / f"{step_name(step)}.json"
 
     def to_json(self) -> dict[str, str]:
         """Every path as a string (`python -m trainer check --json`)."""

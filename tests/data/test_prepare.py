@@ -10,9 +10,9 @@ import yaml
 from data_factory import healthy, record, write_jsonl
 
 from trainer.config import load_run_config
-from trainer.data.cli import stage
 from trainer.data.prepare import prepare
 from trainer.data.shards import MANIFEST, DataRefused, ShardDataset, check_doctor
+from trainer.data.stage import stage
 
 
 def _generator_output(out: Path, n: int = 60) -> None:

@@ -66,7 +66,7 @@ def test_drafter_sizes_derive_from_target() -> None:
 def test_torchrun_line_from_placement() -> None:
     import sys
 
-    from trainer.dflash.cli import torchrun_command
+    from trainer.dflash.stage import torchrun_command
 
     cfg = load_run_config(REPO / "files/runs/overfit.yml", [
         "train.placement.nnodes=2", "train.placement.nproc_per_node=4",
@@ -141,7 +141,7 @@ def test_wandb_offline_logging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     from trainer.dflash.metrics import MetricsLogger
 
     monkeypatch.setenv("WANDB_SILENT", "true")
-    logger = MetricsLogger(tmp_path, 10, 0, enabled=True, progress=False,
+    logger = MetricsLogger(tmp_path / "metrics.jsonl", 10, 0, enabled=True, progress=False,
                            wandb_cfg=WandbConfig(project="dflash-test", mode="offline"), run_name="t")
     logger.step(1, {"loss": 1.0, "lr": 1e-3})
     line = logger.log(1, {"loss": 1.0, "tau": 1.5, "slot_acc": [0.5, 0.2], "tokens": 10.0, "tok_per_s": 5.0},

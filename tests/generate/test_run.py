@@ -17,7 +17,7 @@ import pytest
 from genhelpers import ROOT, check_output, read_output, trainer_env, write_prompts, write_run
 
 from trainer.config import ConfigError, load_run_config
-from trainer.generate.cli import stage
+from trainer.generate.stage import stage
 
 FAST = ("--reasoning-parser", "qwen3", "--latency", "0.02", "--max-running", "24")
 

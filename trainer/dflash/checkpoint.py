@@ -26,13 +26,15 @@ from typing import Any
 import torch
 import yaml
 
+from trainer.layout import CHECKPOINTS_DIR, step_name
+
 log = logging.getLogger(__name__)
 
 _STEP_RE = re.compile(r"^step-(\d{7,})$")
 
 
 def step_dir_name(step: int) -> str:
-    return f"step-{step:07d}"
+    return step_name(step)
 
 
 def rng_state() -> dict[str, Any]:
@@ -73,7 +75,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     p = Path(path)
     if (p / "meta.json").is_file():
         return p
-    for root in (p, p / "checkpoints"):
+    for root in (p, p / CHECKPOINTS_DIR):
         found = latest_checkpoint(root)
         if found is not None:
             return found

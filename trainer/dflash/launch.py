@@ -33,6 +33,7 @@ from types import FrameType
 import yaml
 
 from trainer.config import RunConfig, to_dict
+from trainer.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def launch_command(cfg: RunConfig, config_path: str | Path) -> list[str]:
 
 def write_launch_config(cfg: RunConfig) -> Path:
     """The resolved config (with every --set applied) that all ranks load."""
-    path = cfg.run_path / "launch" / "config.yml"
+    path = RunLayout.of(cfg).launch_config
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -130,15 +131,15 @@ def launch(cfg: RunConfig) -> int:
         return 0
     if received:
         log.warning("train: stopped by %s; every rank checkpointed (relaunch resumes from %s)",
-                    signal.Signals(received[0]).name, cfg.run_path / "checkpoints")
+                    signal.Signals(received[0]).name, RunLayout.of(cfg).checkpoints)
         return INTERRUPTED
     cause = root_cause("".join(tail))
     if cause is None:
         log.error("train: torchrun exited with %d and no rank failure report; the run stopped "
-                  "(relaunch resumes from the last checkpoint under %s)", rc, cfg.run_path / "checkpoints")
+                  "(relaunch resumes from the last checkpoint under %s)", rc, RunLayout.of(cfg).checkpoints)
         return rc if rc > 0 else 1
     rank, local, code = cause
     log.error("train: rank %d (local rank %d on node %d) %s with exit code %d; torchrun stopped the other "
               "ranks and the run (relaunch resumes from the last checkpoint under %s)",
-              rank, local, p.node_rank, _describe(code), code, cfg.run_path / "checkpoints")
+              rank, local, p.node_rank, _describe(code), code, RunLayout.of(cfg).checkpoints)
     return code if code > 0 else 1

@@ -29,6 +29,7 @@ from trainer.dflash.metrics import MetricsAccumulator, MetricsLogger
 from trainer.dflash.optim import build_optimizer, build_scheduler
 from trainer.dflash.step import collate, dflash_forward
 from trainer.dflash.target import load_target
+from trainer.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,11 @@ class TrainResult:
     interrupted: bool = False  # stopped by SIGINT/SIGTERM (after a checkpoint)
 
 
-def shards_path(cfg: RunConfig) -> Path:
-    p = Path(cfg.data.shards)
-    return p if p.is_absolute() else cfg.run_path / p
-
-
 def open_data(cfg: RunConfig) -> Any:
     """Gate on the doctor's verdict, then open the prepared shards (trainer/data owns both)."""
     from trainer.data.shards import ShardDataset, check_doctor
 
-    path = shards_path(cfg)
+    path = RunLayout.of(cfg).shards
     check_doctor(path, allow_unchecked=cfg.train.allow_unchecked_data)
     return ShardDataset.open(path)
 
@@ -106,7 +102,8 @@ class Trainer:
         self._saved_step = -1
         self._signal: int | None = None
         self._uploader: threading.Thread | None = None
-        self.ckpt_root = cfg.run_path / "checkpoints"
+        self.layout = RunLayout.of(cfg)
+        self.ckpt_root = self.layout.checkpoints
 
     # -- state --------------------------------------------------------------------------------------
     def save(self) -> Path | None:
@@ -230,7 +227,7 @@ class Trainer:
                 self.load(found)
         lengths = sorted({self.sampler.pad_to([i]) for i in range(min(64, len(self.ds)))})
         dev.warm_up_target(rt, self.target, tuple(lengths))
-        logger = MetricsLogger(cfg.run_path, self.total_steps, self.step, enabled=rt.is_main,
+        logger = MetricsLogger(self.layout.metrics, self.total_steps, self.step, enabled=rt.is_main,
                                progress=t.progress, wandb_cfg=cfg.wandb, run_name=cfg.name,
                                config=to_dict(cfg))
         it = self._micro_batches()
@@ -275,7 +272,7 @@ class Trainer:
             export = None
             if rt.is_main:
                 export = export_for_sglang(self.core.trainable_state_dict(), self.core.arch,
-                                           cfg.run_path / "export")
+                                           self.layout.export)
                 log.info("exported the drafter for SGLang to %s", export)
             return TrainResult(self.step, self.total_steps, losses, last_log, last_ckpt, export)
         finally:

@@ -54,10 +54,12 @@ class MetricsAccumulator:
 class MetricsLogger:
     """Writes metrics.jsonl (every step), logs + W&B (every log step), drives the progress bar."""
 
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, *, enabled: bool, progress: bool,
+    def __init__(self, path: Path, total_steps: int, start_step: int, *, enabled: bool, progress: bool,
                  wandb_cfg: Any = None, run_name: str = "", config: dict[str, Any] | None = None) -> None:
+        """`path`: the metrics file (`RunLayout.metrics`); W&B keeps its files next to it."""
         self.enabled = enabled
-        self.path = run_dir / "metrics.jsonl"
+        self.path = path
+        run_dir = path.parent
         self.total = total_steps
         self.start_step = start_step
         self.t0 = time.perf_counter()

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from trainer.config import RunConfig
+from trainer.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +69,15 @@ def evaluate(cfg: RunConfig, checkpoint: str | Path | None = None) -> EvalResult
     from trainer.dflash.target import load_target
 
     t0 = time.perf_counter()
-    ck = resolve_checkpoint(checkpoint or cfg.run_path / "checkpoints")
+    layout = RunLayout.of(cfg)
+    ck = resolve_checkpoint(checkpoint or layout.checkpoints)
     meta = json.loads((ck / "meta.json").read_text())
     rt = dev.resolve_runtime(cfg.train.device, cfg.train.dtype)
     target = load_target(cfg.target.path, layer_ids=tuple(meta["arch"]["target_layer_ids"]),
                          dtype=cfg.target.dtype if rt.device.type == "cuda" else "float32", device=rt.device)
     drafter, step = load_drafter(ck, target, rt.device)
     b = drafter.arch.block_size
-    shards = Path(cfg.eval.shards or cfg.data.shards)
-    ds = ShardDataset.open(shards if shards.is_absolute() else cfg.run_path / shards)
+    ds = ShardDataset.open(layout.eval_shards)
     n = min(cfg.eval.max_samples, len(ds))
     arch = drafter.arch
     dcfg = DrafterConfig(num_layers=arch.num_layers, block_size=b, mask_token_id=arch.mask_token_id,
@@ -106,7 +107,7 @@ def evaluate(cfg: RunConfig, checkpoint: str | Path | None = None) -> EvalResult
 
 
 def write_result(cfg: RunConfig, res: EvalResult) -> Path:
-    out = cfg.run_path / "eval" / f"step-{res.step:07d}.json"
+    out = RunLayout.of(cfg).eval_result(res.step)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res.to_json(), indent=2) + "\n")
     return out

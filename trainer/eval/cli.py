@@ -1,4 +1,4 @@
-"""Subcommand `eval` (and the pipeline stage of the same name).
+"""Subcommand `eval` (and the pipeline stage of the same name, trainer/eval/stage.py).
 
     python -m trainer eval files/runs/NAME.yml [--checkpoint DIR]
 
@@ -8,26 +8,9 @@ printed and written to ``<run_dir>/eval/step-NNNNNNN.json``.
 from __future__ import annotations
 
 import argparse
-import logging
 
 from trainer.cli import add_run_config_args, load_from_args
-from trainer.config import RunConfig
-
-log = logging.getLogger(__name__)
-
-
-def stage(cfg: RunConfig, checkpoint: str | None = None) -> int:
-    """Evaluate `checkpoint` (default: the run's latest)."""
-    from trainer.eval.acceptance import evaluate, format_result, write_result
-
-    try:
-        res = evaluate(cfg, checkpoint)
-    except FileNotFoundError as e:
-        log.error("eval: %s", e)
-        return 2
-    print(format_result(res))
-    log.info("eval result written to %s", write_result(cfg, res))
-    return 0
+from trainer.eval.stage import stage
 
 
 def _cmd(args: argparse.Namespace) -> int:
