@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -229,3 +230,29 @@ def test_train_playbook_says_the_plan_is_skipped_when_the_model_is_not_there(tmp
         -3000:
     ]
     assert "TASK [trainer_run : Read the state of the run's unit]" in out
+
+
+def test_watch_finds_the_ranks_under_torchrun_in_a_real_process_tree() -> None:
+    """The ranks are torchrun's direct children (their own children, e.g. data loader workers, are not)."""
+    watch = _load(ROLE / "files" / "trainer_run_watch.py")
+    fake_torchrun = (
+        "import subprocess, sys, time\n"
+        "kids = [subprocess.Popen(['sh', '-c', 'sleep 30 & sleep 30']) for _ in range(2)]\n"
+        "time.sleep(30)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", fake_torchrun, "-m", "torch.distributed.run"])
+    try:
+        deadline = time.monotonic() + 20
+        found: tuple[str, list[int]] = ("", [])
+        while time.monotonic() < deadline:
+            found = watch.ranks_under(os.getpid(), watch.processes())
+            if len(found[1]) == 2:
+                break
+            time.sleep(0.1)
+        cmd, ranks = found
+        assert "torch.distributed.run" in cmd and len(ranks) == 2, found
+        procs = watch.processes()
+        assert all(procs[r][0] == launcher.pid for r in ranks)
+    finally:
+        launcher.kill()
+        launcher.wait()

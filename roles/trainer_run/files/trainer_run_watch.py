@@ -4,10 +4,12 @@
     trainer_run_watch.py UNIT TIMEOUT_S [INTERVAL_S]
 
 Polls `systemctl show UNIT` until the unit is no longer active (or TIMEOUT_S passes) and, on every poll,
-lists the processes of this invocation of the unit (INVOCATION_ID in their environment, which systemd
-sets for the service and its children inherit) that carry torchrun's RANK / WORLD_SIZE. Prints one JSON
-object: {"state", "timed_out", "ranks": {RANK: [pid, ...]}, "world_sizes": [...]}. Standard library only;
-run as root (other users' /proc/PID/environ is private).
+walks the process tree under the unit's main process (PPid from /proc/PID/stat, the command line from
+/proc/PID/cmdline, both readable without ptrace rights; /proc/PID/environ is not, in a container) to the
+torchrun launcher (`python -m torch.distributed.run`); its direct children are the ranks (their own
+children, e.g. data loader workers, are not). Prints one JSON object: {"state", "timed_out",
+"ranks": [pid, ...] (every rank process seen), "max_concurrent": N (most ranks alive at one poll),
+"launcher": "torchrun command line"}. Standard library only.
 """
 
 from __future__ import annotations
@@ -28,46 +30,63 @@ def show(unit: str, prop: str) -> str:
     return r.stdout.strip()
 
 
-def rank_processes(invocation: str) -> list[tuple[int, str, str]]:
-    """(pid, RANK, WORLD_SIZE) of every process of this invocation that torchrun started as a rank."""
-    out = []
+def processes() -> dict[int, tuple[int, str]]:
+    """{pid: (ppid, command line)} of every process visible now."""
+    out = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError, ValueError):
             continue
-        if env.get(b"INVOCATION_ID", b"").decode() == invocation and b"RANK" in env and b"LOCAL_RANK" in env:
-            out.append((int(name), env[b"RANK"].decode(), env.get(b"WORLD_SIZE", b"").decode()))
+        out[int(name)] = (ppid, cmd)
     return out
+
+
+def ranks_under(main_pid: int, procs: dict[int, tuple[int, str]]) -> tuple[str, list[int]]:
+    """(torchrun command line, its child pids) for the torchrun process below main_pid ("", [] if none)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    todo = [main_pid]
+    while todo:
+        pid = todo.pop()
+        cmd = procs.get(pid, (0, ""))[1]
+        if "torch.distributed.run" in cmd or "torchrun" in cmd.split(" ", 2)[:2]:
+            return cmd, sorted(children.get(pid, []))
+        todo += children.get(pid, [])
+    return "", []
 
 
 def main(argv: list[str]) -> int:
     unit, timeout = argv[0], float(argv[1])
     interval = float(argv[2]) if len(argv) > 2 else 0.5
     deadline = time.monotonic() + timeout
-    ranks: dict[str, set[int]] = {}
-    worlds: set[str] = set()
+    seen: set[int] = set()
+    most, launcher = 0, ""
     state = show(unit, "ActiveState")
     while state in ACTIVE and time.monotonic() < deadline:
-        invocation = show(unit, "InvocationID")
-        for pid, rank, world in rank_processes(invocation) if invocation else []:
-            ranks.setdefault(rank, set()).add(pid)
-            worlds.add(world)
+        main_pid = int(show(unit, "MainPID") or 0)
+        if main_pid:
+            cmd, ranks = ranks_under(main_pid, processes())
+            if ranks:
+                launcher = cmd
+                seen.update(ranks)
+                most = max(most, len(ranks))
         time.sleep(interval)
         state = show(unit, "ActiveState")
-    print(
-        json.dumps(
-            {
-                "state": state,
-                "timed_out": state in ACTIVE,
-                "ranks": {r: sorted(p) for r, p in sorted(ranks.items(), key=lambda kv: int(kv[0]))},
-                "world_sizes": sorted(w for w in worlds if w),
-            }
-        )
-    )
+    result = {
+        "state": state,
+        "timed_out": state in ACTIVE,
+        "ranks": sorted(seen),
+        "max_concurrent": most,
+        "launcher": launcher,
+    }
+    print(json.dumps(result))
     return 0
 
 
