@@ -45,6 +45,7 @@ def test_the_play_failed_and_says_why(name, state):
         "panic-sdboot": f"{NEW} did not come up: the host booted {state['old']}",
         "panic-grub": f"{NEW} did not come up: the host booted {state['old']}",
         "check-sdboot": "`modprobe nvidia` exited 1",
+        "hang-watchdog": f"{NEW} did not come up: the host booted {state['old']}",
         "zfs-refused": f"refusing to reboot zfs-refused into {NEW}: the host keeps ZFS pools rpool",
     }[name]
     assert why in state["msg"], state["msg"]
@@ -116,6 +117,14 @@ def test_boot_sequence_of_each_loader(name, state):
             "bootctl set-oneshot ",
             f"reboot -> {old}",
         ],
+        "hang-watchdog": [
+            f"reboot -> {old}",
+            "grub-editenv /boot/grub/grubenv list",
+            f"grub-reboot {GRUB_ENTRY.format(NEW)}",
+            f"reboot -> {NEW} (hang, watchdog reset)",
+            f"reboot -> {old}",
+            "grub-editenv /boot/grub/grubenv unset next_entry",
+        ],
         # Refused before any reboot: the only reboot is the simulated power cut.
         "zfs-refused": [f"reboot -> {old}", "zpool list -H -o name", f"modinfo -k {NEW} -F version zfs"],
     }[name]
@@ -127,3 +136,27 @@ def test_panic_n_is_on_the_command_line(host, name, state):
         assert host.file("/etc/kernel/cmdline").content_string.split()[-1] == "panic=10"
     else:
         assert 'panic=10"' in host.file("/etc/default/grub.d/zz-gpu-node-boot.cfg").content_string
+
+
+def test_unsubscribed_host_uses_pve_no_subscription(host, name):
+    if name not in ("panic-sdboot", "panic-grub"):
+        pytest.skip("a subscribed or non-PVE host")
+    if name == "panic-sdboot":  # PVE 9: deb822
+        assert "Enabled: no" in host.file("/etc/apt/sources.list.d/pve-enterprise.sources").content_string
+        new = host.file("/etc/apt/sources.list.d/proxmox.sources").content_string
+        assert "Components: pve-no-subscription" in new and "Suites: trixie" in new
+    else:  # PVE 8: one-line .list
+        old = host.file("/etc/apt/sources.list.d/pve-enterprise.list").content_string
+        assert old.startswith("# deb http://enterprise.proxmox.com"), old
+        new = host.file("/etc/apt/sources.list.d/pve-no-subscription.list").content_string
+        # Ansible's templating drops the final newline of copy's content; apt reads the last line anyway.
+        assert new.strip() == "deb http://download.proxmox.com/debian/pve bookworm pve-no-subscription"
+
+
+def test_watchdog_is_armed_only_where_configured(host, name):
+    conf = host.file("/etc/systemd/system.conf.d/gpu-node-watchdog.conf")
+    if name != "hang-watchdog":
+        assert not conf.exists
+        return
+    assert "RuntimeWatchdogSec=60" in conf.content_string.splitlines()
+    assert "softdog" in host.file("/etc/modules-load.d/gpu-node-watchdog.conf").content_string.split()
