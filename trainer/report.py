@@ -51,6 +51,15 @@ def staging(cfg: RunConfig) -> dict[str, str]:
     }
 
 
+def outputs(cfg: RunConfig) -> dict[str, str]:
+    """Where the run reports to, for the playbooks' launch message ("" = off)."""
+    wandb = cfg.wandb.project and cfg.wandb.mode != "disabled" and "train" in cfg.stages
+    return {
+        "wandb": "/".join(p for p in (cfg.wandb.entity, cfg.wandb.project) if p) if wandb else "",
+        "s3": f"s3://{cfg.s3.bucket}/{cfg.s3.prefix}" if cfg.s3.enabled else "",
+    }
+
+
 def run_report(cfg: RunConfig, config_path: str | Path, base: str | Path | None = None) -> dict[str, Any]:
     """The `check --json` object. `base`: the trainer's working directory for a relative `run_dir`
     (default: this process's working directory)."""
@@ -73,6 +82,7 @@ def run_report(cfg: RunConfig, config_path: str | Path, base: str | Path | None 
         "target": staging(cfg),
         "secret_env": secrets,
         "secret_env_names": sorted({n for names in secrets.values() for n in names}),
+        "outputs": outputs(cfg),
         "placement": {
             "nnodes": p.nnodes,
             "nproc_per_node": p.nproc_per_node,

@@ -16,8 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from trainer.config import apply_overrides, from_dict
-from trainer.generate.config import GenerateConfig
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "trainer_run"
@@ -82,18 +81,12 @@ def test_endpoints_refuse_a_node_without_the_fact_and_loopback(flt: ModuleType) 
         flt.sglang_endpoints({"n1": _fact(["http://10.0.0.5:30001"])}, ["n1"], True)
 
 
-def test_endpoint_override_goes_through_the_trainer_loader(flt: ModuleType) -> None:
-    """The exact --set string the unit passes must parse into GenerateConfig.endpoints."""
-    urls = ["http://10.0.1.20:30000", "http://b200-1.lab:30001", "https://b200.lab:8000/v1"]
-    override = flt.endpoints_override(urls)
-    assert " " not in override
-    data = apply_overrides({"generate": {"max_tokens": 16}}, [override])
-    cfg = from_dict(GenerateConfig, data["generate"], "generate")
-    assert cfg.endpoints == tuple(urls)
-    with pytest.raises(flt.EndpointError, match="cannot go into the unit's command line"):
-        flt.endpoints_override(["http://a:1/x y"])
-    with pytest.raises(flt.EndpointError, match="fd00::1"):  # IPv6 literals: use a host name
-        flt.endpoints_override(["http://[fd00::1]:30001"])
+def test_unit_paths_escape_specifiers_and_refuse_what_systemd_would_split(flt: ModuleType) -> None:
+    assert flt.unit_path("/var/lib/trainer/configs/r.yml") == "/var/lib/trainer/configs/r.yml"
+    assert flt.unit_path("/models/q%40") == "/models/q%%40"
+    for bad in ("/models/a b", "/models/a\tb", '/m/"x"', "/m/'x'", "/m/a\\b", "/m/$HOME"):
+        with pytest.raises(flt.UnitPathError, match="a systemd unit line cannot carry"):
+            flt.unit_path(bad)
 
 
 def _project(root: Path) -> Path:
@@ -208,8 +201,8 @@ def test_train_playbook_plans_with_the_nodes_config_and_refuses_what_cannot_fit(
     shutil.copy(ROOT / "tests" / "fixtures" / "qwen36-27b" / "config.json", model / "config.json")
     # Target and drafter on one 48 GB card: refused with the numbers, before anything is copied.
     one_card = (
-        '{"trainer_run_overrides": ["train.placement.nproc_per_node=1", "train.placement.target_gpus=[0]",'
-        ' "train.placement.drafter_gpus=[0]", "train.placement.gpu_memory_gb=48"]}'
+        '{"trainer_run_overrides": {"train": {"placement": {"nproc_per_node": 1, "target_gpus": [0],'
+        ' "drafter_gpus": [0], "gpu_memory_gb": 48}}}}'
     )
     r = _local_run(tmp_path, model, "-e", one_card)
     out = " ".join((r.stdout + r.stderr).split())
@@ -256,3 +249,114 @@ def test_watch_finds_the_ranks_under_torchrun_in_a_real_process_tree() -> None:
     finally:
         launcher.kill()
         launcher.wait()
+
+
+# A field added to a run-config section, in the fixture only: a copy of trainer/ whose eval section has one
+# more field. The role's render step must carry it to the node with no change under roles/.
+_NEW_FIELD = '''
+
+_EvalConfigBefore = EvalConfig
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EvalConfig(_EvalConfigBefore):  # type: ignore[no-redef]
+    new_knob: int = 0  # added by tests/roles/test_trainer_run_role.py; roles/ never names it
+'''
+
+_RENDER = """
+- name: Render run knob as role trainer_run does for the node (controller only, no node)
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Resolve the run with the trainer and compose its overrides
+      ansible.builtin.include_role:
+        name: {role}
+        tasks_from: resolve
+        public: true  # the role's vars (the unit's paths) for the template below
+    - name: Render the run's drop-in
+      ansible.builtin.template:
+        src: {role}/templates/run.conf.j2
+        dest: {out}/run.conf
+        mode: "0644"
+    - name: Write the overrides file the node gets
+      ansible.builtin.copy:
+        content: "{{{{ _trainer_run_overrides_text }}}}"
+        dest: {out}/overrides.yml
+        mode: "0644"
+"""
+
+
+def _render(tmp_path: Path, src: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    runs = tmp_path / "runs"
+    runs.mkdir(exist_ok=True)
+    (runs / "knob.yml").write_text(
+        "name: knob\nstages: [generate, eval]\n"
+        "target: {path: /models/tiny, stage_to: /dev/shm/stage}\n"
+        "generate: {prompts: p.jsonl}\n"
+        "eval: {max_samples: 4, new_knob: 3}\n"
+    )
+    out.mkdir()
+    play = tmp_path / "render.yml"
+    play.write_text(_RENDER.format(role=ROLE, out=out))
+    extra = {
+        "trainer_run_name": "knob",
+        "trainer_run_runs_dir": str(runs),
+        "trainer_run_src_dir": str(src),
+        "trainer_run_base_dir": "/var/lib/trainer",
+        "trainer_run_endpoints": ["http://10.0.1.20:30000", "http://[fd00::1]:30001"],
+        "trainer_run_overrides": {"eval": {"new_knob": 5}},
+        "ansible_python_interpreter": sys.executable,
+    }
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+    exe = shutil.which("ansible-playbook") or str(Path(sys.executable).with_name("ansible-playbook"))
+    return subprocess.run(
+        [exe, "-i", "localhost,", str(play), "-e", __import__("json").dumps(extra)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_a_new_run_config_field_needs_no_change_under_roles(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "trainer", src / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    with (src / "trainer" / "eval" / "config.py").open("a") as f:
+        f.write(_NEW_FIELD)
+
+    r = _render(tmp_path, src, tmp_path / "out")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    overrides = yaml.safe_load((tmp_path / "out" / "overrides.yml").read_text())
+    assert overrides == {
+        "eval": {"new_knob": 5},
+        "generate": {"endpoints": ["http://10.0.1.20:30000", "http://[fd00::1]:30001"]},
+        "target": {"path": "/dev/shm/stage/tiny", "stage_to": ""},
+    }
+    dropin = (tmp_path / "out" / "run.conf").read_text()
+    assert "--set" not in dropin
+    assert "-m trainer run /var/lib/trainer/configs/knob.yml --overrides /var/lib/trainer/configs/knob.overrides.yml" in dropin
+    assert "ExecStartPre=/bin/cp -a -- /models/tiny /dev/shm/stage/tiny" in dropin
+
+    # What the node loads (run file + the overrides file, the same loader) has the new field's value.
+    probe = (
+        "import sys; from trainer.config import load_run_config;"
+        "c = load_run_config(sys.argv[1], override_files=[sys.argv[2]]);"
+        "print(c.eval.new_knob, c.eval.max_samples, c.target.path, len(c.generate.endpoints))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "runs" / "knob.yml"), str(tmp_path / "out" / "overrides.yml")],
+        cwd=src, capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["5", "4", "/dev/shm/stage/tiny", "2"]
+
+
+def test_the_render_step_asks_the_trainer_that_owns_the_fields(tmp_path: Path) -> None:
+    """Control for the test above: the same fixture with this repo's trainer (no new field) is refused on
+    the controller, naming the key, before anything is rendered."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "trainer").symlink_to(ROOT / "trainer")
+    r = _render(tmp_path, src, tmp_path / "out")
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode != 0
+    assert "python -m trainer check refused" in out and "unknown key eval.new_knob" in out, out[-3000:]
+    assert not (tmp_path / "out" / "run.conf").exists()

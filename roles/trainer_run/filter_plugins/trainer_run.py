@@ -6,6 +6,10 @@ published on every host of the group as its local fact (/etc/ansible/facts.d/sgl
 recomputes ports, counts or addresses from inventory defaults. `via_router=True` returns each host's
 router instead of its instances. A host without the fact, or an endpoint on a loopback address (which no
 other host can reach), is refused with a message that says what to do.
+
+The endpoints reach the trainer in the run's overrides file (YAML, the trainer's strict loader), never on the
+unit's command line. `path | trainer_run_unit_path` guards the few paths that do stay in the unit (venv, run
+config, overrides file, staging source and destination).
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ except ImportError:  # pragma: no cover
 
 class EndpointError(_Base):  # type: ignore[misc,valid-type]
     """SGLang endpoints that a generate run cannot use."""
+
+
+class UnitPathError(_Base):  # type: ignore[misc,valid-type]
+    """A path that cannot go into a systemd unit line."""
 
 
 def _is_loopback(url: str) -> bool:
@@ -65,17 +73,21 @@ def sglang_endpoints(
     return urls
 
 
-def endpoints_override(urls: Sequence[str]) -> str:
-    """`--set` value for generate.endpoints: a YAML flow list without spaces or quotes (safe in ExecStart)."""
-    for u in urls:
-        if any(c in u for c in " ,[]'\"%$\\"):
-            raise EndpointError(f"endpoint {u!r} has a character that cannot go into the unit's command line")
-    return "generate.endpoints=[" + ",".join(urls) + "]"
+def unit_path(path: str) -> str:
+    """A path as one word of a systemd unit line: `%` (a specifier) is written `%%`; whitespace, quotes,
+    backslashes, `$` and control characters (which systemd would split, unquote or expand) are refused."""
+    bad = sorted({c for c in str(path) if c.isspace() or c in "\"'\\$" or ord(c) < 32})
+    if bad:
+        raise UnitPathError(
+            f"path {path!r} has {' '.join(repr(c) for c in bad)}, which a systemd unit line cannot carry as is: "
+            "use a path without them"
+        )
+    return str(path).replace("%", "%%")
 
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "trainer_run_sglang_endpoints": sglang_endpoints,
-            "trainer_run_endpoints_override": endpoints_override,
+            "trainer_run_unit_path": unit_path,
         }
