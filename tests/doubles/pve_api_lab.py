@@ -7,12 +7,17 @@ configure it). A real Proxmox VE cannot run here.
     pve_api_lab.py start --dir .lab/pve --config .lab/pve/lab.json   # (re)start the double if needed
     pve_api_lab.py stop --dir .lab/pve                               # stop it (bin/lab down)
     pve_api_lab.py hook --config FILE EVENT VMID < config.json       # called by the double (--hook)
+    pve_api_lab.py prune NAME...                                     # remove lab containers that are dead
 
 `lab.json` (written by playbooks/lab.yml): {"double": {...pve_api.py options...}, "cts": {"200":
 {"name": "lab-ct200", "image": ..., "network": ..., "host": "lab-pve", "volumes": [...], "setup": "sh"}}}.
-On `vzstart` the hook runs the container if it does not exist (bind mounts `mpN` of the "Proxmox host"
-container are mapped to this machine's paths through that container's own mounts; hostname from the CT
-config) and, once its systemd has booted, runs `setup` in it (at every start: it is idempotent);
+On `vzcreate` the hook removes any podman container of the CT's name: the CT is being created, so a
+container of that name is a leftover of an earlier lab (another checkout, a `bin/lab` cut short) and
+must not stand in for it. On `vzstart` the hook runs the container if it does not exist or is dead
+(bind mounts `mpN` of the "Proxmox host" container are mapped to this machine's paths through that
+container's own mounts; hostname from the CT config) and, once its systemd has booted, runs `setup` in it
+(at every start: it is idempotent). A CT the state has running whose container is gone or dead is set
+stopped when the double starts, as a Proxmox host's CTs are after a reboot.
 `vzstop`/`vzshutdown` stop it, `vzdestroy` removes it. Mount and device changes after the first start
 are not re-applied (podman cannot add mounts to a container).
 """
@@ -39,6 +44,21 @@ def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def _exists(name: str) -> bool:
     return _podman("container", "exists", name, check=False).returncode == 0
+
+
+def _usable(name: str) -> bool:
+    """Whether podman can run a process in the container. A container whose processes died outside
+    podman (its session's machine was torn down) still reads "Up" in `podman ps`, but `podman exec`
+    answers "cannot exec in a stopped container" and `podman start` does nothing: only rm helps."""
+    return _podman("exec", name, "true", check=False).returncode == 0
+
+
+def prune(names: list[str]) -> list[str]:
+    """Remove the named containers that exist but are dead (see _usable); the ones removed."""
+    dead = [n for n in names if _exists(n) and not _usable(n)]
+    for name in dead:
+        _podman("rm", "-f", name, check=False)
+    return dead
 
 
 def _host_path(host: str, path: str) -> str:
@@ -84,9 +104,12 @@ def setup(spec: dict[str, Any], timeout: float = 120.0) -> None:
     (idempotent; run at every start)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = _podman("exec", spec["name"], "systemctl", "is-system-running", check=False).stdout.strip()
+        proc = _podman("exec", spec["name"], "systemctl", "is-system-running", check=False)
+        state = proc.stdout.strip()
         if state in ("running", "degraded"):
             break
+        if "stopped container" in proc.stderr or "no such container" in proc.stderr:
+            raise SystemExit(f"{spec['name']}: the container stopped while booting: {proc.stderr.strip()}")
         time.sleep(1)
     else:
         raise SystemExit(f"{spec['name']}: systemd did not finish booting in {timeout:.0f}s ({state})")
@@ -101,7 +124,10 @@ def hook(config: Path, event: str, vmid: str) -> int:
     cfg = json.loads(sys.stdin.read() or "{}")
     name = spec["name"]
     try:
-        if event == "vzstart":
+        if event == "vzcreate":
+            _podman("rm", "-f", name, check=False)
+        elif event == "vzstart":
+            prune([name])
             if _exists(name):
                 _podman("start", name)
             else:
@@ -126,6 +152,29 @@ def _alive(pidfile: Path) -> int:
         return 0
 
 
+def mark_stopped(state_path: Path, vmids: list[str]) -> None:
+    """Set these CTs stopped in the double's state file, as a Proxmox host's CTs are after a reboot."""
+    if not vmids:
+        return
+    state = json.loads(state_path.read_text())
+    for vmid in vmids:
+        state["cts"][vmid]["status"] = "stopped"
+    state_path.write_text(json.dumps(state, indent=1, sort_keys=True))
+
+
+def lost_cts(lab: dict[str, Any], state_path: Path) -> list[str]:
+    """The CTs the double's state has running whose podman container is missing or dead."""
+    if not state_path.exists():
+        return []
+    cts = json.loads(state_path.read_text()).get("cts", {})
+    return [
+        vmid
+        for vmid, spec in lab.get("cts", {}).items()
+        if cts.get(vmid, {}).get("status") == "running"
+        and not (_exists(spec["name"]) and _usable(spec["name"]))
+    ]
+
+
 def start(directory: Path, config: Path) -> str:
     """Start the double unless it already runs with the same options and code; print what was done."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -137,9 +186,12 @@ def start(directory: Path, config: Path) -> str:
     code = "".join((HERE / n).read_text() for n in ("pve_api.py", "pve_api_schema.py", "pve_api_lab.py"))
     digest = hashlib.sha256((json.dumps(argv) + code).encode()).hexdigest()
     pidfile, sumfile = directory / "double.pid", directory / "double.sha256"
-    if _alive(pidfile) and sumfile.exists() and sumfile.read_text() == digest:
+    lab, state_path = json.loads(config.read_text()), Path(opts["state"])
+    lost = lost_cts(lab, state_path)
+    if not lost and _alive(pidfile) and sumfile.exists() and sumfile.read_text() == digest:
         return "running"
-    stop(directory)
+    stop(directory)  # the double holds its state in memory: change the file only while it is down
+    mark_stopped(state_path, lost)
     with (directory / "double.log").open("ab") as log:
         proc = subprocess.Popen(  # close_fds: the daemon must not inherit a caller's lock (flock bin/lab)
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True, start_new_session=True
@@ -148,7 +200,11 @@ def start(directory: Path, config: Path) -> str:
     sumfile.write_text(digest)
     time.sleep(0.5)
     if proc.poll() is not None:
-        raise SystemExit(f"the Proxmox API double exited at once: see {directory / 'double.log'}")
+        tail = (directory / "double.log").read_text(errors="replace").strip().splitlines()[-3:]
+        raise SystemExit(
+            f"the Proxmox API double exited at once (is port {opts.get('port')} held by another lab's "
+            f"double? `bin/lab down` in that checkout stops it): {' | '.join(tail)}"
+        )
     return "started"
 
 
@@ -176,9 +232,14 @@ def main() -> int:
     h.add_argument("--config", type=Path, required=True)
     h.add_argument("event")
     h.add_argument("vmid")
+    r = sub.add_parser("prune")
+    r.add_argument("names", nargs="+")
     a = ap.parse_args()
     if a.cmd == "hook":
         return hook(a.config, a.event, a.vmid)
+    if a.cmd == "prune":
+        print(" ".join(prune(a.names)))
+        return 0
     print(start(a.dir, a.config) if a.cmd == "start" else stop(a.dir))
     return 0
 
