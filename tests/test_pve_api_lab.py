@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,21 @@ def test_a_running_ct_whose_container_is_gone_is_marked_stopped(podman, lab_conf
     assert json.loads(state_path.read_text())["cts"]["200"]["status"] == "stopped"
     set_containers({})
     assert mod.lost_cts(lab, state_path) == []  # stopped now: nothing more to reconcile
+
+
+def test_another_checkouts_double_on_the_port_is_found(tmp_path: Path) -> None:
+    fake = tmp_path / "elsewhere" / "pve_api.py"
+    fake.parent.mkdir()
+    fake.write_text("import time\ntime.sleep(60)\n")
+    other = subprocess.Popen([sys.executable, str(fake), "--hook", "x", "--port", "18006"])
+    try:
+        mod = _module()
+        for _ in range(50):
+            if mod.other_doubles(18006):
+                break
+            time.sleep(0.1)
+        assert mod.other_doubles(18006) == [other.pid]
+        assert mod.other_doubles(18007) == []
+    finally:
+        other.kill()
+        other.wait()

@@ -152,6 +152,21 @@ def _alive(pidfile: Path) -> int:
         return 0
 
 
+def other_doubles(port: int) -> list[int]:
+    """The pids of pve_api.py doubles serving `port` (another checkout's lab, left running)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"pve_api.py") for a in argv) and b"--port" in argv:
+            i = argv.index(b"--port")
+            if i + 1 < len(argv) and argv[i + 1] == str(port).encode():
+                pids.append(int(proc.name))
+    return pids
+
+
 def mark_stopped(state_path: Path, vmids: list[str]) -> None:
     """Set these CTs stopped in the double's state file, as a Proxmox host's CTs are after a reboot."""
     if not vmids:
@@ -191,6 +206,13 @@ def start(directory: Path, config: Path) -> str:
     if not lost and _alive(pidfile) and sumfile.exists() and sumfile.read_text() == digest:
         return "running"
     stop(directory)  # the double holds its state in memory: change the file only while it is down
+    for pid in other_doubles(int(opts["port"])):  # one lab per machine: its containers are ours now
+        print(f"stopping another lab's API double (pid {pid}) on port {opts['port']}", file=sys.stderr)
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(50):
+            if not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.1)
     mark_stopped(state_path, lost)
     with (directory / "double.log").open("ab") as log:
         proc = subprocess.Popen(  # close_fds: the daemon must not inherit a caller's lock (flock bin/lab)
