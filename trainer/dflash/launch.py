@@ -37,7 +37,7 @@ from trainer.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_TIMEOUT_S = 270  # below trainer-run@.service's TimeoutStopSec=300
+SHUTDOWN_TIMEOUT_S = 270  # below the unit's TimeoutStopSec (trainer_run_stop_timeout_s, 600 by default)
 INTERRUPTED = 130
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
