@@ -14,12 +14,18 @@ check what was sent against the real API schema. Stdlib only.
 Permissions are pve-container's, by user: only the literal `root@pam` (a ticket from /access/ticket)
 may set bind mounts, `devN`, the features of a privileged container, or features other than nesting;
 an API token `root@pam!NAME` is refused those with HTTP 403 and pve-container's message (see
-`check_ct_modify_config_perm` below; the token is treated as privsep=0, i.e. with root's privileges
-otherwise).
+`check_ct_modify_config_perm` below). What a token may do besides is decided by its privilege
+separation (pve-access-control src/PVE/RPCEnvironment.pm `permissions`, commit 5ccd07d, lines 136-177):
+with `--token-privsep 0` (what `pveum user token add root@pam ansible --privsep 0` makes) it has its
+user's privileges, root@pam's being all; with `--token-privsep 1` (pveum's and the GUI's default) only
+what `--token-acl PATH=PRIV,...` grants it, the most specific path winning (compile_acl_path, lines 19-).
+Privileged calls check them as Proxmox does: the endpoint's `permissions.check` from the API schema
+(pve_api_schema.PERMS) and the checks in the code (create, config), with HTTP 403 `Permission check
+failed (PATH, PRIV)`; GET /access/permissions answers as the real one does.
 
     python3 tests/doubles/pve_api.py --host 127.0.0.1 --port 8006 --cert C --key K \
         --state FILE --token 'root@pam!ansible=SECRET' [--root-password PW] [--log FILE] [--node pve1] \
-        [--hook CMD]
+        [--hook CMD] [--token-privsep 0|1] [--token-acl PATH=PRIV,PRIV ...]
 
 `--hook CMD` runs `CMD EVENT VMID` (EVENT: vzcreate, vzstart, vzstop, vzdestroy) with the container's
 config as JSON on stdin when a task of that kind runs; a non-zero exit fails the task like a failed
@@ -39,15 +45,16 @@ import ssl
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 try:  # imported as tests.doubles.pve_api, or run as a script from its folder
-    from .pve_api_schema import ApiError, check_params, route
+    from .pve_api_schema import PERMS, ApiError, check_params, route
 except ImportError:
-    from pve_api_schema import ApiError, check_params, route  # type: ignore[no-redef]
+    from pve_api_schema import PERMS, ApiError, check_params, route  # type: ignore[no-redef]
 
 TASK_SECONDS = 0.05
 # create_vm parameters that are not container config (src/PVE/API2/LXC.pm extract_param calls)
@@ -140,22 +147,94 @@ class State:
         return upid
 
 
+# Role Administrator: every privilege (pve-access-control src/PVE/AccessControl.pm $privgroups, 1057-).
+ADMIN_PRIVS = frozenset(
+    [
+        "VM.Config.Disk",
+        "VM.Config.CPU",
+        "VM.Config.Memory",
+        "VM.Config.Network",
+        "VM.Config.HWType",
+        "VM.Config.Options",
+        "VM.Allocate",
+        "VM.Clone",
+        "VM.GuestAgent.Unrestricted",
+        "VM.Migrate",
+        "VM.Replicate",
+        "VM.Snapshot",
+        "VM.Snapshot.Rollback",
+        "VM.Config.CDROM",
+        "VM.Config.Cloudinit",
+        "VM.Console",
+        "VM.Backup",
+        "VM.GuestAgent.FileRead",
+        "VM.GuestAgent.FileSystemMgmt",
+        "VM.GuestAgent.FileWrite",
+        "VM.PowerMgmt",
+        "VM.Audit",
+        "VM.GuestAgent.Audit",
+        "Sys.PowerMgmt",
+        "Sys.Modify",
+        "Sys.Incoming",
+        "Sys.AccessNetwork",
+        "Sys.Console",
+        "Sys.Syslog",
+        "Sys.Audit",
+        "Datastore.Allocate",
+        "Datastore.AllocateTemplate",
+        "Datastore.AllocateSpace",
+        "Datastore.Audit",
+        "SDN.Allocate",
+        "SDN.Audit",
+        "SDN.Use",
+        "Realm.Allocate",
+        "User.Modify",
+        "Group.Allocate",
+        "Realm.AllocateUser",
+        "Permissions.Modify",
+        "Pool.Allocate",
+        "Pool.Audit",
+        "Mapping.Audit",
+        "Mapping.Modify",
+        "Mapping.Use",
+    ]
+)
+# GET /access/permissions without `path`: these paths and the ACL's (RPCEnvironment.pm 241-).
+_DEFAULT_PERM_PATHS = ("/", "/access", "/access/groups", "/nodes", "/pool", "/sdn", "/storage", "/vms")
+
+
 def _perm_exc(what: str) -> ApiError:
     """pve-common PVE/Exception.pm raise_perm_exc: HTTP 403, "Permission check failed (WHAT)"."""
     return ApiError(403, f"Permission check failed ({what})")
 
 
 def check_ct_modify_config_perm(
-    user: str, oldconf: dict[str, Any] | None, newconf: dict[str, str], delete: list[str], unprivileged: bool
+    user: str,
+    oldconf: dict[str, Any] | None,
+    newconf: dict[str, str],
+    delete: list[str],
+    unprivileged: bool,
+    check: Callable[[str, list[str]], None] | None = None,
+    vmid: str = "",
 ) -> None:
-    """pve-container src/PVE/LXC.pm check_ct_modify_config_perm (commit 94f5585, lines 1655-1756), the
-    root@pam-only part of it: called by create_vm (src/PVE/API2/LXC.pm 324-326), update_vm
-    (src/PVE/API2/LXC/Config.pm 179-212) and resize (src/PVE/API2/LXC.pm 2372). A token's user is
-    `root@pam!NAME`, which is not the literal 'root@pam' (line 1658)."""
+    """pve-container src/PVE/LXC.pm check_ct_modify_config_perm (commit 94f5585, lines 1655-1756):
+    called by create_vm (src/PVE/API2/LXC.pm 324-326), update_vm (src/PVE/API2/LXC/Config.pm 179-212)
+    and resize (src/PVE/API2/LXC.pm 2372). A token's user is `root@pam!NAME`, which is not the literal
+    'root@pam' (line 1658). With `check(path, privs)` (Api.check) the per-key privileges are checked
+    too (VM.Config.* on /vms/VMID, Datastore.AllocateSpace for a new volume, SDN.Use for a bridge)."""
     if user == "root@pam":
         return
+    vm = f"/vms/{vmid}"
+
+    def need(path: str, *privs: str) -> None:
+        if check is not None:
+            check(path, list(privs))
+
     for opt, is_delete in [(k, False) for k in newconf] + [(k, True) for k in delete]:
-        if opt == "rootfs" or re.fullmatch(r"mp\d+", opt):
+        if opt in ("cores", "cpuunits", "cpulimit"):  # line 1663
+            need(vm, "VM.Config.CPU")
+        elif opt == "rootfs" or re.fullmatch(r"mp\d+", opt):
+            need(vm, "VM.Config.Disk")  # line 1666
             if is_delete:
                 continue
             volume = _split_prop(str(newconf[opt]), "volume").get("volume", "")
@@ -166,8 +245,23 @@ def check_ct_modify_config_perm(
             )
             if kind != "volume":  # line 1669
                 raise _perm_exc(f"mount point type {kind} is only allowed for root@pam")
+            new_disk = re.fullmatch(r"([a-z][a-z0-9\-_.]*):(\d+(\.\d+)?)", volume)
+            if new_disk:  # lines 1672-1674 ($NEW_DISK_RE)
+                need(f"/storage/{new_disk.group(1)}", "Datastore.AllocateSpace")
+        elif opt in ("memory", "swap"):  # line 1680
+            need(vm, "VM.Config.Memory")
+        elif re.fullmatch(r"net\d+", opt):  # lines 1682-1685, check_bridge_access 1758-1769
+            need(vm, "VM.Config.Network")
+            for raw in ((oldconf or {}).get(opt), None if is_delete else newconf[opt]):
+                net = _split_prop(str(raw), None) if raw else {}
+                if net.get("bridge") and check is not None:
+                    # pve-guest-common src/PVE/GuestHelpers.pm check_vnet_access (4a8f6cb, 397-420)
+                    tag = f"/{net['tag']}" if net.get("tag") else ""
+                    need(f"/sdn/zones/localnetwork/{net['bridge']}{tag}", "SDN.Use")
         elif re.fullmatch(r"dev\d+", opt):  # line 1687
             raise _perm_exc("configuring device passthrough is only allowed for root@pam")
+        elif opt in ("nameserver", "searchdomain", "hostname"):  # line 1688
+            need(vm, "VM.Config.Network")
         elif opt == "features":
             if not unprivileged:  # lines 1690-1693
                 raise _perm_exc(
@@ -178,8 +272,12 @@ def check_ct_modify_config_perm(
             changed = {f for f in set(old) | set(new) if old.get(f, "") != new.get(f, "")}
             if changed - {"nesting"}:  # lines 1731-1733
                 raise _perm_exc("changing feature flags (except nesting) is only allowed for root@pam")
+            if changed:  # lines 1734-1735
+                need(vm, "VM.Allocate")
         elif opt == "hookscript":  # line 1738
             raise _perm_exc("changing the hookscript is only allowed for root@pam")
+        elif opt != "tags":  # line 1744
+            need(vm, "VM.Config.Options")
 
 
 def _split_prop(value: str, default_key: str | None) -> dict[str, str]:
@@ -197,10 +295,18 @@ class Api:
     """The endpoint handlers; each takes (state, user, path vars, params) and returns `data`."""
 
     def __init__(
-        self, state: State, token: str, root_password: str | None = None, hook: str | None = None
+        self,
+        state: State,
+        token: str,
+        root_password: str | None = None,
+        hook: str | None = None,
+        token_privsep: bool = False,
+        token_acl: dict[str, set[str]] | None = None,
     ) -> None:
         self.state = state
         self.token = token
+        self.token_privsep = token_privsep
+        self.token_acl = {(k.rstrip("/") or "/"): set(v) for k, v in (token_acl or {}).items()}
         # root@pam's password for /access/ticket; without --root-password the token secret (old behaviour)
         self.root_password = root_password if root_password is not None else token.rpartition("=")[2]
         self.hook = hook
@@ -231,6 +337,63 @@ class Api:
         if user != "root@pam" or params.get("password") != self.root_password:
             raise ApiError(401, "authentication failure")
         return {"username": user, "ticket": self.ticket, "CSRFPreventionToken": self.csrf}
+
+    # -- permissions -----------------------------------------------------------------------------
+    def permissions(self, user: str, path: str) -> set[str]:
+        """RPCEnvironment.pm `permissions` (136-177): root@pam has all; a token without privilege
+        separation has its user's (here always root@pam's: all); a privsep token what its most specific
+        ACL entry on the path grants (ACLs propagate; a deeper entry overrides, as roles() resolves)."""
+        if user == "root@pam" or ("!" in user and not self.token_privsep):
+            return set(ADMIN_PRIVS)
+        path = path.rstrip("/") or "/"
+        for cut in [path] + [path[:i] or "/" for i in range(len(path) - 1, -1, -1) if path[i] == "/"]:
+            if cut in self.token_acl:
+                return set(self.token_acl[cut])
+        return set()
+
+    def check(self, user: str, path: str, privs: list[str], any_: bool = False) -> None:
+        """RPCEnvironment.pm `check` / `check_any`: 403 "Permission check failed (PATH, PRIV)"."""
+        have = self.permissions(user, path)
+        if any_:
+            if not have & set(privs):
+                raise _perm_exc(f"{path}, {'|'.join(privs)}")
+            return
+        for priv in privs:
+            if priv not in have:
+                raise _perm_exc(f"{path}, {priv}")
+
+    def check_expr(self, user: str, expr: list[Any], pvars: dict[str, str]) -> bool:
+        """Evaluate a schema `permissions.check` (["perm", PATH, [PRIVS], "any", 1] / ["and"|"or", ...])."""
+        if expr[0] == "perm":
+            path = re.sub(r"\{(\w+)\}", lambda m: pvars[m.group(1)], expr[1])
+            have = self.permissions(user, path)
+            want = set(expr[2])
+            return bool(have & want) if "any" in expr[3:] else want <= have
+        results = [self.check_expr(user, sub, pvars) for sub in expr[1:]]
+        return all(results) if expr[0] == "and" else any(results)
+
+    def check_endpoint(self, user: str, name: str, pvars: dict[str, str]) -> None:
+        expr = PERMS.get(name)
+        if expr is None or self.check_expr(user, expr, pvars):
+            return
+        if expr[0] == "perm":  # the message names the path and the privilege(s), as check/check_any do
+            path = re.sub(r"\{(\w+)\}", lambda m: pvars[m.group(1)], expr[1])
+            missing = [p for p in expr[2] if p not in self.permissions(user, path)]
+            raise _perm_exc(f"{path}, {'|'.join(expr[2]) if 'any' in expr[3:] else missing[0]}")
+        raise _perm_exc("")
+
+    def access_permissions(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
+        """GET /access/permissions (pve-access-control src/PVE/API2/AccessControl.pm 509-575): the
+        caller's own (or an owned token's) effective privileges, {path: {priv: 1}}; {} for none."""
+        userid = p.get("userid", user)
+        if userid != user and not userid.startswith(user + "!"):
+            self.check(user, "/access", ["Sys.Audit"])
+        if p.get("path"):
+            perms = self.permissions(userid, p["path"])
+            return {p["path"]: {x: 1 for x in sorted(perms)}} if perms else {}
+        paths = set(_DEFAULT_PERM_PATHS) | set(self.token_acl)
+        out = {path: {x: 1 for x in sorted(self.permissions(userid, path))} for path in sorted(paths)}
+        return {k: x for k, x in out.items() if x}
 
     # -- helpers ---------------------------------------------------------------------------------
     def _node(self, node: str) -> None:
@@ -357,8 +520,15 @@ class Api:
             raise ApiError(500, f"CT {vmid} already exists on node '{v['node']}'")
         # create_vm: unprivileged defaults to 1 (src/PVE/API2/LXC.pm 272), then the permission check (324)
         unpriv = p.get("unprivileged", "1") in ("1", "true", 1, True)
+        if not unpriv:  # line 273
+            self.check(user, "/", ["Sys.Modify"])
+        self.check(user, f"/vms/{vmid}", ["VM.Allocate"])  # lines 295-301 (no pool here)
         rest = {k: x for k, x in p.items() if k not in _CREATE_ONLY}
-        check_ct_modify_config_perm(user, None, rest, [], unpriv)
+        check_ct_modify_config_perm(
+            user, None, rest, [], unpriv, lambda path, privs: self.check(user, path, privs), vmid
+        )
+        if "rootfs" not in rest:  # the default rootfs goes on `storage` (line 356)
+            self.check(user, f"/storage/{p.get('storage', 'local')}", ["Datastore.AllocateSpace"])
         tstore, _, _tname = p["ostemplate"].partition(":")
         if not any(x["volid"] == p["ostemplate"] for x in self._storage(tstore)["volumes"]):
             raise ApiError(500, f"volume '{p['ostemplate']}' does not exist")
@@ -393,8 +563,10 @@ class Api:
         cfg = ct["config"]
         delete = list(filter(None, p.get("delete", "").split(",")))
         new = {k: x for k, x in p.items() if k not in ("vmid", "node", "delete", "digest", "revert")}
-        check_ct_modify_config_perm(user, cfg, {}, delete, bool(int(cfg.get("unprivileged", 0))))
-        check_ct_modify_config_perm(user, cfg, new, [], bool(int(cfg.get("unprivileged", 0))))
+        unpriv = bool(int(cfg.get("unprivileged", 0)))
+        checker = lambda path, privs: self.check(user, path, privs)  # noqa: E731
+        check_ct_modify_config_perm(user, cfg, {}, delete, unpriv, checker, v["vmid"])
+        check_ct_modify_config_perm(user, cfg, new, [], unpriv, checker, v["vmid"])
         for key in delete:
             cfg.pop(key, None)
         for key, val in p.items():
@@ -413,7 +585,13 @@ class Api:
         if disk in ct["config"]:  # src/PVE/API2/LXC.pm 2372: the disk's current spec is checked
             spec = {disk: ct["config"][disk]}
             check_ct_modify_config_perm(
-                user, ct["config"], spec, [], bool(int(ct["config"].get("unprivileged", 0)))
+                user,
+                ct["config"],
+                spec,
+                [],
+                bool(int(ct["config"].get("unprivileged", 0))),
+                lambda path, privs: self.check(user, path, privs),
+                v["vmid"],
             )
         if disk not in ct["config"]:
             raise ApiError(500, f"disk '{disk}' does not exist")
@@ -549,6 +727,7 @@ def make_handler(api: Api, log_path: Path | None) -> type[BaseHTTPRequestHandler
                     user = api.authenticate(self.headers, method)
                     name, pvars = route(method, rel)
                     merged = check_params(method, rel, name, pvars, params)
+                    api.check_endpoint(user, name, {k: str(x) for k, x in merged.items()})
                     with api.state.lock:
                         data = getattr(api, name)(user, pvars, merged)
                         if method != "GET":
@@ -592,9 +771,11 @@ def serve(
     pve_dir: Path | None = None,
     root_password: str | None = None,
     hook: str | None = None,
+    token_privsep: bool = False,
+    token_acl: dict[str, set[str]] | None = None,
 ) -> ThreadingHTTPServer:
     """Build the HTTPS server (call `.serve_forever()`); port 0 picks a free one (`.server_address`)."""
-    api = Api(State(state, node, pve_dir), token, root_password, hook)
+    api = Api(State(state, node, pve_dir), token, root_password, hook, token_privsep, token_acl)
     httpd = ThreadingHTTPServer((host, port), make_handler(api, log))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
@@ -619,11 +800,37 @@ def main() -> None:
         help="root@pam's password for tickets ($PVE_ROOT_PASSWORD; else the token secret)",
     )
     ap.add_argument("--hook", default=None, help="run 'HOOK EVENT VMID' (config on stdin) per CT task")
+    ap.add_argument("--token-privsep", type=int, choices=[0, 1], default=0, help="the token's privsep flag")
+    ap.add_argument(
+        "--token-acl",
+        action="append",
+        default=[],
+        metavar="PATH=PRIV,PRIV",
+        help="privileges an ACL grants the (privsep) token on PATH, propagated (repeatable)",
+    )
     a = ap.parse_args()
     if "!" not in a.token or "=" not in a.token:
         ap.error("--token must look like user@realm!tokenid=SECRET")
+    acl: dict[str, set[str]] = {}
+    for entry in a.token_acl:
+        path, _, privs = entry.partition("=")
+        if not path.startswith("/"):
+            ap.error(f"--token-acl {entry!r}: must look like /PATH=PRIV,PRIV")
+        acl[path] = {x for x in privs.split(",") if x}
     httpd = serve(
-        a.host, a.port, a.cert, a.key, a.state, a.token, a.log, a.node, a.pve_dir, a.root_password, a.hook
+        a.host,
+        a.port,
+        a.cert,
+        a.key,
+        a.state,
+        a.token,
+        a.log,
+        a.node,
+        a.pve_dir,
+        a.root_password,
+        a.hook,
+        bool(a.token_privsep),
+        acl,
     )
     print(f"pve_api double on https://{a.host}:{httpd.server_address[1]}", flush=True)
     httpd.serve_forever()

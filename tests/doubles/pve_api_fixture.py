@@ -90,8 +90,15 @@ class PveDouble:
     """The double running on https://127.0.0.1:PORT with state and request log under `directory`."""
 
     def __init__(
-        self, directory: Path, token_secret: str = TOKEN_SECRET, root_password: str = ROOT_PASSWORD
+        self,
+        directory: Path,
+        token_secret: str = TOKEN_SECRET,
+        root_password: str = ROOT_PASSWORD,
+        token_privsep: bool = False,
+        token_acl: dict[str, list[str]] | None = None,
     ) -> None:
+        self.token_privsep = token_privsep
+        self.token_acl = token_acl or {}
         self.dir = directory
         self.ca, self.cert, self.key = make_ca(directory / "tls")
         self.state_path = directory / "pve-state.json"
@@ -125,6 +132,13 @@ class PveDouble:
                 str(self.pve_dir),
                 "--root-password",
                 self.root_password,
+                "--token-privsep",
+                str(int(self.token_privsep)),
+                *[
+                    a
+                    for path, privs in self.token_acl.items()
+                    for a in ("--token-acl", f"{path}={','.join(privs)}")
+                ],
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

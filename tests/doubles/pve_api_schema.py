@@ -46,6 +46,7 @@ ROUTES: list[tuple[str, str, str]] = [
     ("DELETE", rf"/nodes/{NODE}/lxc/{VMID}", "lxc_delete"),
     ("GET", rf"/nodes/{NODE}/tasks/(?P<upid>UPID:[^/]+)/status", "task_status"),
     ("GET", rf"/nodes/{NODE}/tasks/(?P<upid>UPID:[^/]+)/log", "task_log"),
+    ("GET", r"/access/permissions", "access_permissions"),
 ]
 
 NOT_IN_SCHEMA = "property is not defined in schema and the schema does not allow additional properties"
@@ -144,6 +145,8 @@ _CT_COMMON: dict[str, Any] = {
     "net[n]": _CT_PROPS["net"],
     "dev[n]": _CT_PROPS["dev"],
 }
+# pve-access-control userid_or_token_regex (the schema's `userid` pattern of GET /access/permissions)
+_USERID_OR_TOKEN = r"[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+(![A-Za-z][A-Za-z0-9.\-_]+)?"
 PARAMS: dict[str, tuple[dict[str, Any], set[str]]] = {
     "storage_content": ({"content": STR, "vmid": INT}, set()),
     "download_url": (
@@ -185,6 +188,40 @@ PARAMS: dict[str, tuple[dict[str, Any], set[str]]] = {
     "lxc_start": ({"skiplock": BOOL, "debug": BOOL}, set()),
     "lxc_delete": ({"force": BOOL, "purge": BOOL, "destroy-unreferenced-disks": BOOL}, set()),
     "task_log": ({"start": INT, "limit": INT, "download": BOOL}, set()),
+    "access_permissions": ({"userid": ("re", _USERID_OR_TOKEN), "path": STR}, set()),
+}
+
+# Each endpoint's `permissions.check`, as the API schema (pve-apidata.json) states it; endpoints whose
+# schema says `user: all` check in their code (see pve_api.Api) or not at all. tests/roles/test_pve_perms.py
+# compares this table with pve-apidata.json when that file is present.
+PERMS: dict[str, list[Any]] = {
+    "storage_content": [
+        "perm",
+        "/storage/{storage}",
+        ["Datastore.Audit", "Datastore.AllocateSpace"],
+        "any",
+        1,
+    ],
+    "download_url": [
+        "and",
+        ["perm", "/storage/{storage}", ["Datastore.AllocateTemplate"]],
+        ["or", ["perm", "/", ["Sys.Audit", "Sys.Modify"]], ["perm", "/nodes/{node}", ["Sys.AccessNetwork"]]],
+    ],
+    "aplinfo_download": ["perm", "/storage/{storage}", ["Datastore.AllocateTemplate"]],
+    "lxc_delete": ["perm", "/vms/{vmid}", ["VM.Allocate"]],
+    "lxc_config_get": ["perm", "/vms/{vmid}", ["VM.Audit"]],
+    "lxc_config_put": [
+        "perm",
+        "/vms/{vmid}",
+        ["VM.Config.Disk", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options"],
+        "any",
+        1,
+    ],
+    "lxc_status": ["perm", "/vms/{vmid}", ["VM.Audit"]],
+    "lxc_start": ["perm", "/vms/{vmid}", ["VM.PowerMgmt"]],
+    "lxc_stop": ["perm", "/vms/{vmid}", ["VM.PowerMgmt"]],
+    "lxc_shutdown": ["perm", "/vms/{vmid}", ["VM.PowerMgmt"]],
+    "lxc_resize": ["perm", "/vms/{vmid}", ["VM.Config.Disk"], "any", 1],
 }
 _INDEXED = {"mp": 256, "net": 32, "dev": 256, "unused": 256}
 

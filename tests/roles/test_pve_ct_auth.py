@@ -155,3 +155,91 @@ def _shipped_design(pve: PveDouble, tmp_path: Path) -> None:
     assert all(r["status"] == 200 for r in log), [r for r in log if r["status"] != 200]
     second = run_role(tmp_path / "two", role_vars(pve, dev, root=True))
     assert second.rc == 0 and second.changed == 0, second.changed_tasks
+
+
+# What a token of root@pam with privilege separation needs for CT 200 (roles/pve_ct/vars/main.yml).
+NEEDED = {
+    "/vms/200": [
+        "VM.Allocate",
+        "VM.Audit",
+        "VM.PowerMgmt",
+        "VM.Config.CPU",
+        "VM.Config.Memory",
+        "VM.Config.Network",
+        "VM.Config.Options",
+        "VM.Config.Disk",
+    ],
+    "/storage/scratch": ["Datastore.AllocateSpace"],
+    "/storage/local": ["Datastore.Audit", "Datastore.AllocateTemplate"],
+    "/sdn/zones/localnetwork/vmbr0": ["SDN.Use"],
+    "/": ["Sys.Modify"],
+}
+
+
+def test_privsep_token_without_acls_is_refused_before_any_change(tmp_path: Path) -> None:
+    """`pveum user token add root@pam ansible` (privsep on, the default) with no ACL: the role stops at
+    its preflight, naming every missing privilege and the fixes; nothing is written."""
+    pve = PveDouble(tmp_path / "pve", token_privsep=True)
+    pve.start()
+    try:
+        res = run_role(tmp_path / "run", role_vars(pve, fake_gpu_dev(tmp_path / "dev"), root=True))
+        assert res.rc != 0
+        fail = " ".join(res.failures)
+        assert "lacks Proxmox privileges" in fail and "/vms/200: VM.Allocate" in fail, res.failures
+        assert "/storage/scratch: Datastore.AllocateSpace" in fail and "/: Sys.Modify" in fail
+        assert "--privsep 0" in fail and "pveum acl modify" in fail
+        assert not [r for r in pve.requests() if r["method"] != "GET" and "ticket" not in r["path"]]
+    finally:
+        pve.stop()
+
+
+def test_double_refuses_a_privsep_token_as_pve_does(tmp_path: Path) -> None:
+    """Without the preflight the create itself fails: the double checks the schema's and the code's
+    privileges for a privsep token, with Proxmox's 403 message, and answers /access/permissions."""
+    pve = PveDouble(
+        tmp_path / "pve", token_privsep=True, token_acl={"/storage": ["Datastore.AllocateTemplate"]}
+    )
+    pve.start()
+    try:
+        api = token_api(pve)
+        assert api.access.permissions.get(path="/vms/200") == {}
+        assert api.access.permissions.get(path="/storage/local") == {
+            "/storage/local": {"Datastore.AllocateTemplate": 1}
+        }
+        api.nodes("pve1").aplinfo.post(storage="local", template="debian-12-standard_12.12-1_amd64.tar.zst")
+        with pytest.raises(ResourceException) as err:  # GET content needs Audit or AllocateSpace (any)
+            api.nodes("pve1").storage("local").content.get(content="vztmpl")
+        assert err.value.status_code == 403
+        assert "Permission check failed (/storage/local, Datastore.Audit|Datastore.AllocateSpace)" in str(
+            err.value
+        )
+        tmpl = "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst"
+        with pytest.raises(ResourceException) as err:
+            api.nodes("pve1").lxc.post(vmid=200, ostemplate=tmpl, rootfs="scratch:4", unprivileged=1)
+        assert err.value.status_code == 403 and "(/vms/200, VM.Allocate)" in str(err.value)
+        assert "200" not in pve.state()["cts"]
+    finally:
+        pve.stop()
+
+
+def test_privsep_token_with_the_privileges_it_needs_creates_ct200(tmp_path: Path) -> None:
+    """The same token with ACLs granting what the role checks (and the bridge and template privileges
+    Proxmox checks in its code) gets through, first run and second run."""
+    pve = PveDouble(tmp_path / "pve", token_privsep=True, token_acl=NEEDED)
+    pve.start()
+    try:
+        dev = fake_gpu_dev(tmp_path / "dev")
+        first = run_role(tmp_path / "run", role_vars(pve, dev, root=True))
+        assert first.rc == 0, first.failures
+        assert pve.state()["cts"]["200"]["status"] == "running"
+        second = run_role(tmp_path / "run", role_vars(pve, dev, root=True))
+        assert second.rc == 0 and second.changed == 0, second.changed_tasks
+        # one privilege fewer, and the preflight names exactly it
+        pve.stop()
+        pve.token_acl = {**NEEDED, "/vms/200": [p for p in NEEDED["/vms/200"] if p != "VM.PowerMgmt"]}
+        pve.start()
+        third = run_role(tmp_path / "run", role_vars(pve, dev, root=True))
+        assert third.rc != 0
+        assert any("/vms/200: VM.PowerMgmt." in f for f in third.failures), third.failures
+    finally:
+        pve.stop()

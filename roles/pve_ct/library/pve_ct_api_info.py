@@ -10,6 +10,10 @@ description:
   - Authenticates with the API token over verified TLS, reads C(/version), checks that O(node) exists and
     lists the C(vztmpl) volumes of O(template_storage). Fails with a message naming the setting at fault
     (token, CA path, node).
+  - With O(privileges), reads the token's effective privileges on each path (C(GET /access/permissions),
+    pve-access-control src/PVE/API2/AccessControl.pm) and fails, before anything is changed, naming every
+    missing privilege and the two ways to grant them. A token made with privilege separation (the default
+    of C(pveum user token add) and of the GUI) has only what ACLs grant the token itself.
 options:
   api_host: {description: Proxmox API host., type: str, required: true}
   api_port: {description: Proxmox API port., type: int, default: 8006}
@@ -21,6 +25,10 @@ options:
   root_password: {description: root@pam password; when set, a ticket is requested early., type: str}
   node: {description: Proxmox node name., type: str, required: true}
   template_storage: {description: Storage whose templates are listed., type: str, required: true}
+  privileges:
+    description: Privileges the token needs, as a list of C({path: ACL path, privs: [priv, ...]}).
+    type: list
+    elements: dict
 """
 
 RETURN = r"""
@@ -33,9 +41,38 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible mod
 from ansible.module_utils.pve_ct_api import API_ARGS, call, connect, connect_root  # noqa: E402
 
 
+def check_privileges(module, api, wanted):
+    """Fail naming what the token lacks on each path (its effective privileges, as Proxmox computes them)."""
+    token = "{}!{}".format(module.params["api_user"], module.params["api_token_id"])
+    missing = {}
+    for path, privs in sorted(wanted.items()):
+        have = call(module, f"read the token's privileges on {path}", api.access.permissions.get, path=path)
+        lacks = [x for x in privs if x not in (have or {}).get(path, {})]
+        if lacks:
+            missing[path] = lacks
+    if missing:
+        listing = "; ".join("{}: {}".format(k, ", ".join(v)) for k, v in missing.items())
+        module.fail_json(
+            msg=(
+                f"API token '{token}' lacks Proxmox privileges the role needs: {listing}. A token made with "
+                "privilege separation (the default of `pveum user token add` and of the GUI) has only what "
+                f"ACLs grant the token itself. Either recreate it without: `pveum user token remove "
+                f"{module.params['api_user']} {module.params['api_token_id']}; pveum user token add "
+                f"{module.params['api_user']} {module.params['api_token_id']} --privsep 0` (it then has its "
+                f"user's privileges), or grant them: `pveum acl modify / --tokens '{token}' --roles "
+                "Administrator` (or a role holding the privileges listed)"
+            ),
+            missing=missing,
+        )
+
+
 def main():
     args = dict(API_ARGS)
-    args.update(node=dict(type="str", required=True), template_storage=dict(type="str", required=True))
+    args.update(
+        node=dict(type="str", required=True),
+        template_storage=dict(type="str", required=True),
+        privileges=dict(type="list", elements="dict", default=[]),
+    )
     module = AnsibleModule(argument_spec=args, supports_check_mode=True)
     p = module.params
     api, version = connect(module)
@@ -45,6 +82,12 @@ def main():
         module.fail_json(
             msg="Proxmox node '{}' (pve_ct_node) is not in the cluster; nodes: {}".format(p["node"], nodes)
         )
+    wanted = {}
+    for item in p["privileges"] or []:
+        wanted.setdefault(str(item["path"]), []).extend(
+            x for x in item["privs"] if x not in wanted.get(item["path"], [])
+        )
+    check_privileges(module, api, wanted)
     content = call(
         module,
         "list templates on storage '{}' (pve_ct_template_storage)".format(p["template_storage"]),
