@@ -15,7 +15,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -332,7 +331,8 @@ def test_a_new_run_config_field_needs_no_change_under_roles(tmp_path: Path) -> N
     }
     dropin = (tmp_path / "out" / "run.conf").read_text()
     assert "--set" not in dropin
-    assert "-m trainer run /var/lib/trainer/configs/knob.yml --overrides /var/lib/trainer/configs/knob.overrides.yml" in dropin
+    configs = "/var/lib/trainer/configs"
+    assert f"-m trainer run {configs}/knob.yml --overrides {configs}/knob.overrides.yml" in dropin
     assert "ExecStartPre=/bin/cp -a -- /models/tiny /dev/shm/stage/tiny" in dropin
 
     # What the node loads (run file + the overrides file, the same loader) has the new field's value.
@@ -341,8 +341,9 @@ def test_a_new_run_config_field_needs_no_change_under_roles(tmp_path: Path) -> N
         "c = load_run_config(sys.argv[1], override_files=[sys.argv[2]]);"
         "print(c.eval.new_knob, c.eval.max_samples, c.target.path, len(c.generate.endpoints))"
     )
+    run_file, overrides_file = tmp_path / "runs" / "knob.yml", tmp_path / "out" / "overrides.yml"
     r = subprocess.run(
-        [sys.executable, "-c", probe, str(tmp_path / "runs" / "knob.yml"), str(tmp_path / "out" / "overrides.yml")],
+        [sys.executable, "-c", probe, str(run_file), str(overrides_file)],
         cwd=src, capture_output=True, text=True, timeout=60,
     )
     assert r.returncode == 0, r.stderr

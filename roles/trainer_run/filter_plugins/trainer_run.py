@@ -79,8 +79,8 @@ def unit_path(path: str) -> str:
     bad = sorted({c for c in str(path) if c.isspace() or c in "\"'\\$" or ord(c) < 32})
     if bad:
         raise UnitPathError(
-            f"path {path!r} has {' '.join(repr(c) for c in bad)}, which a systemd unit line cannot carry as is: "
-            "use a path without them"
+            f"path {path!r} has {' '.join(repr(c) for c in bad)}, which a systemd unit line cannot carry "
+            "as is: use a path without them"
         )
     return str(path).replace("%", "%%")
 
