@@ -1,6 +1,6 @@
 """Python helpers of role sglang, and the stand-in SGLang wheels of its molecule scenario and the lab.
 
-The stand-in wheels (molecule/sglang/files/sglang_standin_wheels.py) are installed here with pip, as uv
+The stand-in wheels (tests/doubles/standins/sglang_standin_wheels.py) are installed here with pip, as uv
 installs them on the node, and run as the units run SGLang: `python -m sglang.launch_server` (wraps the
 SGLang double, tests/doubles/sglang_server.py, because SGLang cannot serve on CPU) and
 `python -m sglang_router.launch_router` (stands in for the Rust sglang-router). The model helper is
@@ -29,7 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "sglang" / "files"
 DOUBLE = ROOT / "tests" / "doubles" / "sglang_server.py"
-STANDIN = ROOT / "molecule" / "sglang" / "files"
+STANDIN = ROOT / "tests" / "doubles" / "standins"
 
 
 def _load(name: str) -> ModuleType:

@@ -13,7 +13,11 @@ ENTRY = "Advanced options for Debian GNU/Linux>Debian GNU/Linux, with Linux {}"
 
 @pytest.fixture(scope="module")
 def fact(host):
-    return json.loads(host.file("/etc/ansible/facts.d/gpu_node.fact").content_string)
+    """Each role's own local fact: kernel.fact and nvidia_open.fact."""
+    return {
+        role: json.loads(host.file(f"/etc/ansible/facts.d/{role}.fact").content_string)
+        for role in ("kernel", "nvidia_open")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +29,7 @@ def release(fact):
 
 def test_modules_were_built_for_the_new_kernel_not_the_running_one(host, fact, release):
     old = host.file("/var/lib/fake-boot/initial").content_string.strip()
-    assert fact["nvidia"]["kernel"] == release != old
+    assert fact["nvidia_open"]["kernel"] == release != old
     for m in ("nvidia", "nvidia-uvm"):
         ko = host.file(f"/lib/modules/{release}/updates/nvidia-open/{m}.ko")
         assert ko.exists, m
@@ -60,3 +64,15 @@ def test_boot_units_are_in_place_before_guests(host):
     unit = host.file("/etc/systemd/system/nvidia-dev-nodes.service").content_string
     assert "pve-guests.service" in unit
     assert host.file("/etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service").exists
+
+
+def test_host_userspace_came_from_role_gpu_userspace(host):
+    """nvidia_open installs the host's userspace through gpu_userspace's `driver` entry point (one
+    implementation for the host and CT 200): the stand-in .run ran (it exits 3 without --no-kernel-modules)
+    and gpu_userspace's local fact records the version, so the idempotence converge did not re-run it."""
+    assert host.file("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.595.71.05").exists
+    smi = host.check_output("/usr/local/bin/nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    assert smi == "595.71.05"
+    fact = json.loads(host.file("/etc/ansible/facts.d/gpu_userspace.fact").content_string)
+    assert fact == {"driver_version": "595.71.05", "source": "run"}
+    assert host.file("/var/cache/gpu_userspace/NVIDIA-Linux-595.71.05.run").exists

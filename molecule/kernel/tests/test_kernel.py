@@ -14,9 +14,9 @@ CACHE = "/var/cache/gpu-node/kernel"
 
 @pytest.fixture(scope="module")
 def fact(host):
-    f = host.file("/etc/ansible/facts.d/gpu_node.fact")
-    assert f.exists, "the kernel role wrote no gpu_node.fact"
-    return json.loads(f.content_string)["kernel"]
+    f = host.file("/etc/ansible/facts.d/kernel.fact")
+    assert f.exists, "the kernel role wrote no kernel.fact"
+    return json.loads(f.content_string)
 
 
 @pytest.fixture(scope="module")

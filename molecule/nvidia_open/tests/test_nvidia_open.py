@@ -15,14 +15,14 @@ MODULES = ["nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm"]
 
 @pytest.fixture(scope="module")
 def fact(host):
-    f = host.file("/etc/ansible/facts.d/gpu_node.fact")
-    assert f.exists, "nvidia_open wrote no gpu_node.fact"
+    f = host.file("/etc/ansible/facts.d/nvidia_open.fact")
+    assert f.exists, "nvidia_open wrote no nvidia_open.fact"
     return json.loads(f.content_string)
 
 
 @pytest.fixture(scope="module")
 def release(host, fact):
-    rel = fact["nvidia"]["kernel"]
+    rel = fact["kernel"]
     assert host.file(f"/usr/src/linux-headers-{rel}").is_directory, f"{rel}: no such Debian headers"
     return rel
 
@@ -45,16 +45,16 @@ def test_depmod_resolves_the_installed_module(host, release, module):
 
 
 def test_patch_was_applied_to_the_built_source(host, fact):
-    work = f"/var/cache/gpu-node/nvidia-open/build/{fact['nvidia']['build_key']}"
+    work = f"/var/cache/gpu-node/nvidia-open/build/{fact['build_key']}"
     src = host.file(f"{work}/modules/nvidia-open-kernel/nvidia/nv-pci.c").content_string
     assert "pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size, 0);" in src
     assert host.file(f"{work}/.built").exists
 
 
 def test_fact_records_driver_and_kernel(fact, release):
-    assert fact["nvidia"]["version"] == VERSION
-    assert fact["nvidia"]["modules"] == MODULES
-    assert fact["nvidia"]["kernel"] == release
+    assert fact["version"] == VERSION
+    assert fact["modules"] == MODULES
+    assert fact["kernel"] == release
 
 
 def test_nouveau_is_blacklisted(host):

@@ -7,8 +7,8 @@ Role sglang installs `sglang==V sglang-router==V` into its uv venv and runs `VEN
 sglang.launch_server` and `-m sglang_router.launch_router`. The real SGLang is an 11 GB install that
 cannot serve on CPU, so the tests point the role's `sglang_find_links` at these two small wheels, named
 and versioned like the real distributions: the role's install, its version check and the units' command
-lines are the production ones. The wheels hold standin/launch_server.py (execs the SGLang double,
-packed as sglang/_double.py) and standin/launch_router.py. Standard library only (a wheel is a zip with
+lines are the production ones. The wheels hold launch_server.py (next to this file; execs the SGLang double,
+packed as sglang/_double.py) and launch_router.py. Standard library only (a wheel is a zip with
 a .dist-info; PEP 427, PEP 376 RECORD).
 """
 
@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DOUBLE = HERE.parents[2] / "tests" / "doubles" / "sglang_server.py"
+DOUBLE = HERE.parent / "sglang_server.py"
 
 
 def _digest(data: bytes) -> str:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--double", type=Path, default=DOUBLE)
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    standin = HERE / "standin"
+    standin = HERE
     note = b'"""STAND-IN package (role sglang tests and lab); see launch_*.py."""\n'
     built = [
         build(
