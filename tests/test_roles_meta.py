@@ -47,5 +47,21 @@ def test_role_has_argument_specs_matching_defaults(role: Path):
             assert spec.get("no_log") is True, f"{role}: secret {name} must be no_log in argument_specs"
 
 
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_every_entry_point_states_the_defaults_of_defaults_main(role: Path):
+    """An entry point besides `main` (gpu_userspace's `driver`, nvidia_open's `verify`) repeats some options;
+    each repeated default must still be the one in defaults/main.yml, so the copies cannot drift apart."""
+    specs = load(role / "meta" / "argument_specs.yml").get("argument_specs", {})
+    defaults = load(role / "defaults" / "main.yml")
+    for entry, spec in specs.items():
+        for name, option in (spec.get("options") or {}).items():
+            assert name in defaults or option.get("required"), f"{role}: {entry}: {name} has no default"
+            if "default" in option and name in defaults:
+                assert option["default"] == defaults[name], (
+                    f"{role}: entry point {entry}: {name}: {option['default']!r}"
+                    f" != defaults/main.yml {defaults[name]!r}"
+                )
+
+
 def test_there_are_roles():
     assert any(r.name == "preflight" for r in ROLES)
