@@ -1,26 +1,36 @@
-"""Bucketed shuffle batch sampler with exact mid-epoch resume.
+"""Bucketed shuffle batch sampler: rank-balanced steps, exact mid-epoch resume, on any world size.
 
 Rows are grouped into length buckets (upper bounds on a geometric grid rounded to `bucket_multiple`),
 so a batch pads to its bucket's bound: little padding, and few distinct padded lengths (fla's kernels
-autotune per shape). Every epoch the members of every bucket are re-shuffled with a generator seeded
-by (seed, epoch) before they are cut into batches, and the batches of all buckets are shuffled
-together: the composition of each batch changes every epoch, and is the same on a resume.
+autotune per shape, flex attention compiles per shape). Every epoch the members of every bucket are
+re-shuffled with a generator seeded by (seed, epoch) before they are cut into batches: the composition
+of each batch changes every epoch, and is the same on a resume.
 
 Batching is by count (`batch_size`) or by token budget (`max_tokens`: rows per batch = max_tokens //
 bucket bound, at least 1, so a batch never exceeds the budget once padded to its bound, unless a single
-row does). With `world_size > 1` each rank takes every world_size-th batch; the batch list is padded by
-repeating its first batches so every rank gets the same count (`drop_last=True` drops instead).
+row does).
 
-`state_dict()` records (epoch, batches already yielded); `load_state_dict()` then `__iter__` yields
-exactly the remaining batches of that epoch.
+Rank-balanced steps: the batches of each bucket are cut into groups of `world_size` consecutive batches,
+the groups of all buckets are shuffled together, and rank r takes batch r of every group. All ranks of
+one step therefore work on the same padded length, and no rank waits for another's longer bucket. A
+bucket whose batch count is not a multiple of world_size completes its last group by repeating its own
+first batches (`drop_last=True` drops that group instead).
+
+Resume: `state_dict()` records (epoch, groups already yielded, world size, what the epoch's plan
+started from). On the same world size `load_state_dict()` then `__iter__` yields exactly the remaining
+batches. On another world size the batches each bucket has left are regrouped for the new size: every
+batch of the epoch is still drawn exactly once (padding repeats aside), in another order.
 """
 from __future__ import annotations
 
 import bisect
 import hashlib
+import logging
 import random
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def default_boundaries(max_len: int, multiple: int = 64, ratio: float = 1.15) -> list[int]:
@@ -41,6 +51,10 @@ def _fingerprint(lengths: Sequence[int]) -> str:
     for n in lengths[:: max(1, len(lengths) // 4096)]:
         h.update(int(n).to_bytes(4, "little"))
     return h.hexdigest()
+
+
+# one step of the plan: (bucket, index of its first batch in the bucket's list) -> world_size batches
+Group = tuple[int, int]
 
 
 class BucketBatchSampler:
@@ -71,7 +85,8 @@ class BucketBatchSampler:
         for i, n in enumerate(self.lengths):
             self.buckets[bisect.bisect_left(self.boundaries, n)].append(i)
         self.epoch = 0
-        self.position = 0  # batches of this epoch already yielded on this rank
+        self.position = 0  # groups (steps) of this epoch's plan already yielded
+        self.base: list[int] = []  # batches per bucket consumed before this epoch's plan began ([] = none)
         self._fingerprint = _fingerprint(self.lengths)
 
     def rows_per_batch(self, bucket: int) -> int:
@@ -85,59 +100,103 @@ class BucketBatchSampler:
         longest = max(self.lengths[i] for i in batch)
         return self.boundaries[bisect.bisect_left(self.boundaries, longest)]
 
-    def _all_batches(self, epoch: int) -> list[list[int]]:
+    def _bucket_batches(self, epoch: int) -> list[list[list[int]]]:
+        """Each bucket's batches for `epoch` (independent of the world size)."""
         rng = random.Random(self.seed * 1_000_003 + epoch)
-        batches: list[list[int]] = []
+        out: list[list[list[int]]] = []
         for b, members in enumerate(self.buckets):
-            if not members:
-                continue
             order = members[:]
             rng.shuffle(order)
             k = self.rows_per_batch(b)
-            batches.extend(order[i : i + k] for i in range(0, len(order), k))
-        rng.shuffle(batches)
-        return batches
+            out.append([order[i : i + k] for i in range(0, len(order), k)])
+        return out
 
-    def _rank_batches(self, epoch: int) -> list[list[int]]:
-        batches = self._all_batches(epoch)
+    def _groups(self, epoch: int, base: Sequence[int]) -> list[Group]:
+        """The epoch's steps: groups of world_size batches of one bucket, from batch base[b] on, shuffled."""
         ws = self.world_size
-        if ws > 1:
-            if self.drop_last:
-                batches = batches[: len(batches) // ws * ws]
-            elif len(batches) % ws:
-                need = ws - len(batches) % ws
-                batches = batches + [batches[i % len(batches)] for i in range(need)]
-        return batches[self.rank :: ws]
+        order: list[int] = []  # one bucket id per step
+        for b, batches in enumerate(self._bucket_batches(epoch)):
+            left = len(batches) - (base[b] if base else 0)
+            order.extend([b] * (left // ws if self.drop_last else -(-left // ws)))
+        salt = "" if not any(base) else ",".join(map(str, base))
+        random.Random(f"{self.seed}:{epoch}:{ws}:{salt}").shuffle(order)
+        # a bucket's steps take its (already shuffled) batches front to back, so what an epoch has
+        # consumed is a count per bucket: the state a resume on another world size starts from
+        nxt = list(base) if base else [0] * len(self.buckets)
+        groups: list[Group] = []
+        for b in order:
+            groups.append((b, nxt[b]))
+            nxt[b] += ws
+        return groups
+
+    def _rank_batches(self, epoch: int, base: Sequence[int] = ()) -> list[list[int]]:
+        """This rank's batch of every step of the epoch's plan."""
+        per_bucket = self._bucket_batches(epoch)
+        out = []
+        for b, first in self._groups(epoch, base):
+            batches = per_bucket[b]
+            i = first + self.rank
+            out.append(batches[i] if i < len(batches) else batches[(i - len(batches)) % len(batches)])
+        return out
+
+    def consumed(self) -> list[int]:
+        """Batches of each bucket this epoch has yielded so far (padding repeats not counted)."""
+        per_bucket = self._bucket_batches(self.epoch)
+        done = list(self.base) if self.base else [0] * len(per_bucket)
+        for b, first in self._groups(self.epoch, self.base)[: self.position]:
+            done[b] = min(len(per_bucket[b]), first + self.world_size)
+        return done
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; changing it restarts at its first batch (a resume keeps its position)."""
         if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
+            self.epoch, self.position, self.base = epoch, 0, []
 
     def __len__(self) -> int:
-        n = sum(-(-len(m) // self.rows_per_batch(b)) for b, m in enumerate(self.buckets) if m)
+        """Steps (batches per rank) in a whole epoch."""
         ws = self.world_size
-        return (n // ws) if self.drop_last else -(-n // ws)
+        n = 0
+        for b, m in enumerate(self.buckets):
+            batches = -(-len(m) // self.rows_per_batch(b))
+            n += batches // ws if self.drop_last else -(-batches // ws)
+        return n
+
+    def remaining(self) -> int:
+        """Steps left in the current epoch."""
+        return len(self._groups(self.epoch, self.base)) - self.position
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self._rank_batches(self.epoch)
+        batches = self._rank_batches(self.epoch, self.base)
         while self.position < len(batches):
             batch = batches[self.position]
             self.position += 1
             yield batch
-        self.position = 0
+        self.position, self.base = 0, []
         self.epoch += 1  # a plain `for epoch: for batch in sampler` loop gets a new composition
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "world_size": self.world_size, "rank": self.rank, "fingerprint": self._fingerprint}
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "base": list(self.base),
+                "consumed": self.consumed(), "world_size": self.world_size, "rank": self.rank,
+                "fingerprint": self._fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("fingerprint") != self._fingerprint:
             raise ValueError("BucketBatchSampler.load_state_dict: the state is for a different dataset "
                              "(row count/lengths differ)")
-        for key in ("seed", "world_size"):
-            if state.get(key) != getattr(self, key):
-                raise ValueError(f"BucketBatchSampler.load_state_dict: {key} {state.get(key)!r} != "
-                                 f"{getattr(self, key)!r} of this sampler")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        if state.get("seed") != self.seed:
+            raise ValueError(f"BucketBatchSampler.load_state_dict: seed {state.get('seed')!r} != "
+                             f"{self.seed!r} of this sampler")
+        self.epoch = int(state["epoch"])
+        if state.get("world_size") == self.world_size:
+            self.position, self.base = int(state["position"]), list(state.get("base", []))
+            return
+        if "consumed" not in state:
+            raise ValueError(f"BucketBatchSampler.load_state_dict: the state was saved with world_size "
+                             f"{state.get('world_size')} by an older version that cannot be regrouped for "
+                             f"world_size {self.world_size}")
+        # another world size: regroup what each bucket has left of this epoch for the new size
+        self.position, self.base = 0, [int(x) for x in state["consumed"]]
+        if self.rank == 0:
+            log.info("sampler: resuming epoch %d on %d rank(s) (saved on %s): %d batches of the epoch "
+                     "done, the rest regrouped", self.epoch, self.world_size, state.get("world_size"),
+                     sum(self.base))

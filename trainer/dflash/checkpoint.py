@@ -2,14 +2,18 @@
 
 Layout under ``<run_dir>/checkpoints/``::
 
-    step-0000100/  drafter.safetensors   trainable drafter weights (fp32 master copy)
-                   state.pt              optimizer, scheduler, sampler, RNG states, counters
+    step-0000100/  drafter.safetensors   trainable drafter weights (fp32 master copy), full
+                   optimizer.pt          AdamW state, full and keyed by parameter name (read by rank 0 only)
+                   state.pt              scheduler, sampler, RNG states, counters (small; every rank)
                    meta.json             step, epoch, tokens, the drafter architecture
                    config.yml            the resolved run config
     latest                               text file naming the newest complete step dir
 
 A checkpoint is written into a hidden temp dir and renamed into place, then `latest` is replaced
-atomically: a crash mid-save leaves the previous checkpoint as `latest`.
+atomically: a crash mid-save leaves the previous checkpoint as `latest`. Weights and optimizer state are
+full (unsharded) and keyed by parameter name, so any strategy (fsdp, ddp, one process) and any world size
+resumes from any other. `.pt` files load with ``weights_only=True``: tensors and plain containers only,
+never pickled code.
 """
 from __future__ import annotations
 
@@ -84,7 +88,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def save_checkpoint(ckpt_root: Path, step: int, *, weights: dict[str, torch.Tensor], state: dict[str, Any],
-                    meta: dict[str, Any], config: dict[str, Any], keep_last: int) -> Path:
+                    meta: dict[str, Any], config: dict[str, Any], keep_last: int,
+                    optimizer: dict[str, Any] | None = None) -> Path:
     from safetensors.torch import save_file
 
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -96,6 +101,8 @@ def save_checkpoint(ckpt_root: Path, step: int, *, weights: dict[str, torch.Tens
     cpu = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
     save_file(cpu, str(tmp / "drafter.safetensors"))
     torch.save(state, tmp / "state.pt")
+    if optimizer is not None:
+        torch.save(optimizer, tmp / "optimizer.pt")
     (tmp / "config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     (tmp / "meta.json").write_text(json.dumps({**meta, "step": step}, indent=2, default=_json_default) + "\n")
     if final.exists():
@@ -110,13 +117,31 @@ def save_checkpoint(ckpt_root: Path, step: int, *, weights: dict[str, torch.Tens
     return final
 
 
+def load_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state, meta) of a step dir: the small part every rank reads."""
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    return state, json.loads((path / "meta.json").read_text())
+
+
+def load_weights_and_optimizer(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(weights, optimizer state) of a step dir, on the CPU (rank 0 reads them and broadcasts)."""
+    from safetensors.torch import load_file
+
+    opt_file = path / "optimizer.pt"
+    if not opt_file.is_file():
+        raise FileNotFoundError(f"{path}: no optimizer.pt (a checkpoint of an older layout: optimizer "
+                                "state inside state.pt, keyed by position); resume it with the release that "
+                                "wrote it")
+    optim = torch.load(opt_file, map_location="cpu", weights_only=True)
+    return load_file(str(path / "drafter.safetensors"), device="cpu"), optim
+
+
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict, dict, dict]:
     """(weights, state, meta) of a step dir."""
     from safetensors.torch import load_file
 
     weights = load_file(str(path / "drafter.safetensors"), device=str(map_location))
-    state = torch.load(path / "state.pt", map_location=map_location, weights_only=False)
-    meta = json.loads((path / "meta.json").read_text())
+    state, meta = load_state(path)
     return weights, state, meta
 
 

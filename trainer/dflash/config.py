@@ -93,9 +93,14 @@ class PlacementConfig:
     # memory of one GPU, for `python -m trainer plan` (and its refusal); 80 = an H100/A100 80 GB, the
     # smallest card the 27B recipe is run on. Set 96 (the seeds' cards), 141 (H200) or 180 (B200).
     gpu_memory_gb: float = 80.0
-    # ddp: one drafter replica per rank (the Qwen3.6-27B drafter, 1.7B params + fp32 Adam, fits one GPU).
-    # FSDP is not offered yet: the shared lm_head runs outside the drafter's forward (chunked loss).
-    strategy: Literal["ddp", "none"] = "ddp"
+    # dense bf16 peak of one GPU in TFLOPS, for the MFU the log reports; 0 = from the table of known
+    # GPUs by device name (trainer.dflash.device.PEAK_TFLOPS), none on an unknown GPU or the CPU
+    gpu_peak_tflops: float = 0.0
+    # fsdp: the drafter's fp32 weights, gradients and AdamW state sharded across the ranks (torch FSDP2
+    # `fully_shard`, bf16 compute on GPU), so a target and its drafter share one GPU;
+    # ddp: a full drafter replica and its AdamW state on every rank; none: one process, no wrapper.
+    # Checkpoints hold full (unsharded) states: any strategy and world size resumes from any other.
+    strategy: Literal["fsdp", "ddp", "none"] = "fsdp"
 
     def __post_init__(self) -> None:
         if self.nnodes < 1 or self.nproc_per_node < 1:
@@ -107,6 +112,8 @@ class PlacementConfig:
                              f"nproc_per_node is {self.nproc_per_node} (one drafter GPU per local rank)")
         if self.gpu_memory_gb <= 0:
             raise ValueError(f"train.placement.gpu_memory_gb must be > 0, got {self.gpu_memory_gb}")
+        if self.gpu_peak_tflops < 0:
+            raise ValueError(f"train.placement.gpu_peak_tflops must be >= 0, got {self.gpu_peak_tflops}")
 
     @property
     def world_size(self) -> int:

@@ -123,8 +123,10 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashDecoderLayer(arch, t) for t in arch.layer_types)
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.embed_tokens = embed_tokens.requires_grad_(False)
-        self.lm_head = lm_head.requires_grad_(False)
+        # The target's embedding and lm_head are held outside the module tree: frozen and shared, they
+        # are never sharded (FSDP), synchronised (DDP), moved, saved or exported with the drafter.
+        self.__dict__["embed_tokens"] = embed_tokens.requires_grad_(False)
+        self.__dict__["lm_head"] = lm_head.requires_grad_(False)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -176,7 +178,4 @@ def build_drafter(cfg: DrafterConfig, target: Any, device: torch.device | None =
     if device is not None and torch.device(device) != tdev:
         embed, head = copy.deepcopy(embed).to(device), copy.deepcopy(head).to(device)
     drafter = DFlashDrafter(arch, embed, head)
-    trainable = [m for n, m in drafter.named_children() if n not in ("embed_tokens", "lm_head")]
-    for m in trainable:
-        m.to(device=device or tdev, dtype=torch.float32)
-    return drafter
+    return drafter.to(device=device or tdev, dtype=torch.float32)

@@ -7,13 +7,11 @@ Randomness per micro-batch (anchors, feature noise) comes from a generator seede
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +21,10 @@ import torch
 from trainer.config import RunConfig, to_dict
 from trainer.dflash import checkpoint as ckpt
 from trainer.dflash import device as dev
+from trainer.dflash import parallel
 from trainer.dflash.drafter import build_drafter
 from trainer.dflash.export import export_for_sglang
-from trainer.dflash.metrics import MetricsAccumulator, MetricsLogger
+from trainer.dflash.metrics import Meter, MetricsAccumulator, MetricsLogger
 from trainer.dflash.optim import build_optimizer, build_scheduler
 from trainer.dflash.step import collate, dflash_forward
 from trainer.dflash.target import load_target
@@ -59,18 +58,6 @@ def micro_seed(seed: int, micro_index: int, rank: int) -> int:
     return (seed * 1_000_003 + micro_index * 9_973 + rank * 7_919) % (2**63 - 1)
 
 
-def wrap_drafter(drafter: torch.nn.Module, rt: dev.Runtime, strategy: str) -> torch.nn.Module:
-    """DDP across ranks (frozen shared embed/lm_head excluded from sync); unchanged on one process."""
-    if not rt.distributed or strategy == "none":
-        return drafter
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    drafter._ddp_params_and_buffers_to_ignore = [  # type: ignore[assignment]
-        n for n, _ in drafter.named_parameters() if n.startswith(("embed_tokens.", "lm_head."))]
-    ids = [rt.device.index] if rt.device.type == "cuda" else None
-    return DDP(drafter, device_ids=ids)
-
-
 class Trainer:
     def __init__(self, cfg: RunConfig, *, resume: bool = False, dataset: Any = None) -> None:
         self.cfg, self.resume = cfg, resume
@@ -83,8 +70,7 @@ class Trainer:
         size = {"max_tokens": t.max_tokens} if t.max_tokens > 0 else {"batch_size": t.batch_size}
         self.sampler = BucketBatchSampler(list(self.ds.lengths), seed=cfg.seed, rank=self.rt.rank,
                                           world_size=self.rt.world_size, **size)
-        per_epoch = math.ceil(len(self.sampler) / t.grad_accum)
-        self.total_steps = t.max_steps if t.max_steps > 0 else per_epoch * t.epochs
+        self.total_steps = self._total_steps(0)
         torch.manual_seed(cfg.seed)
         tdtype = cfg.target.dtype if self.rt.target_device.type == "cuda" else "float32"
         self.target = load_target(cfg.target.path,
@@ -92,12 +78,14 @@ class Trainer:
                                   num_draft_layers=cfg.drafter.num_layers, dtype=tdtype,
                                   device=self.rt.target_device)
         self.core = build_drafter(cfg.drafter, self.target, self.rt.device)
-        self.model = wrap_drafter(self.core, self.rt, t.placement.strategy)
+        self.model = parallel.wrap(self.core, self.rt, t.placement.strategy)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = build_optimizer(self.params, t)
         self.sched = build_scheduler(self.opt, t, self.total_steps)
-        log.info("rank %d/%d: drafter on %s, target on %s, %d steps", self.rt.rank, self.rt.world_size,
-                 self.rt.device, self.rt.target_device, self.total_steps)
+        self.meter = Meter.of(cfg, self.target.config, self.core.arch, self.rt)
+        log.info("rank %d/%d: drafter on %s (%s), target on %s, %d steps", self.rt.rank, self.rt.world_size,
+                 self.rt.device, t.placement.strategy if self.rt.distributed else "one process",
+                 self.rt.target_device, self.total_steps)
         self.step = 0
         self._saved_step = -1
         self._signal: int | None = None
@@ -105,20 +93,32 @@ class Trainer:
         self.layout = RunLayout.of(cfg)
         self.ckpt_root = self.layout.checkpoints
 
+    def _total_steps(self, done: int) -> int:
+        """Optimizer steps of the run: `done` plus what the sampler has left (train.max_steps caps it)."""
+        t = self.cfg.train
+        if t.max_steps > 0:
+            return t.max_steps
+        left = self.sampler.remaining() + len(self.sampler) * max(0, t.epochs - self.sampler.epoch - 1)
+        if self.sampler.epoch >= t.epochs:
+            left = 0
+        return done + math.ceil(left / t.grad_accum)
+
     # -- state --------------------------------------------------------------------------------------
     def save(self) -> Path | None:
         """Write a checkpoint (rank 0) and wait for it on every rank; returns its path on rank 0."""
         self._saved_step = self.step
-        weights = self.core.trainable_state_dict()
+        weights, optim = parallel.full_state(self.model, self.opt, self.rt)  # a collective
         path = None
         if self.rt.is_main:
-            state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                     "sampler": self.sampler.state_dict(), "rng": ckpt.rng_state(), "step": self.step}
+            state = {"scheduler": self.sched.state_dict(), "sampler": self.sampler.state_dict(),
+                     "rng": ckpt.rng_state(), "step": self.step, "meter": self.meter.state_dict()}
             meta = {"epoch": self.sampler.epoch, "total_steps": self.total_steps,
-                    "arch": dataclasses.asdict(self.core.arch), "world_size": self.rt.world_size}
+                    "arch": dataclasses.asdict(self.core.arch), "world_size": self.rt.world_size,
+                    "strategy": self.cfg.train.placement.strategy}
             self.wait_for_upload()  # keep_last may delete the checkpoint the last upload is reading
             path = ckpt.save_checkpoint(self.ckpt_root, self.step, weights=weights, state=state, meta=meta,
-                                        config=to_dict(self.cfg), keep_last=self.cfg.train.keep_last)
+                                        config=to_dict(self.cfg), keep_last=self.cfg.train.keep_last,
+                                        optimizer=optim)
             if self.cfg.train.upload_checkpoints:
                 self._upload_in_background(path)
         if self.rt.distributed:
@@ -144,14 +144,24 @@ class Trainer:
             self._uploader = None
 
     def load(self, path: Path) -> None:
-        weights, state, meta = ckpt.load_checkpoint(path, map_location="cpu")
-        self.core.load_trainable_state_dict({k: v.to(self.rt.device) for k, v in weights.items()})
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
+        """Resume from a checkpoint of any strategy and world size (rank 0 reads the weights and the
+        optimizer state and broadcasts them; every rank reads the small state file)."""
+        state, meta = ckpt.load_state(path)
+        weights, optim = ckpt.load_weights_and_optimizer(path) if self.rt.is_main else ({}, {})
+        parallel.load_full_state(self.model, self.opt, self.rt, weights, optim)
         self.sampler.load_state_dict(state["sampler"])
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self._saved_step = self.step
+        self.meter.load_state_dict(state.get("meter", {}))
+        saved_world = int(meta.get("world_size", self.rt.world_size))
+        if saved_world != self.rt.world_size:
+            # the steps left are counted in this world size's steps; the schedule spans the new total
+            self.total_steps = self._total_steps(self.step)
+            self.sched = build_scheduler(self.opt, self.cfg.train, self.total_steps)
+            log.info("resumed %s on %d rank(s) (saved on %d): %d steps left", path.name, self.rt.world_size,
+                     saved_world, self.total_steps - self.step)
+        self.sched.load_state_dict(state["scheduler"])
         log.info("resumed from %s at step %d (epoch %d)", path, self.step, meta.get("epoch", 0))
 
     # -- loop ---------------------------------------------------------------------------------------
@@ -162,9 +172,13 @@ class Trainer:
             if self.sampler.epoch == before:  # an empty epoch: nothing more to draw
                 return
 
-    def _train_step(self, it: Iterator[list[int]]) -> tuple[float, float, MetricsAccumulator] | None:
+    def _train_step(self, it: Iterator[list[int]]
+                    ) -> tuple[float, float, MetricsAccumulator, torch.Tensor] | None:
+        """One optimizer step over grad_accum micro-batches: (loss, grad norm, metrics, this rank's
+        counts for the meter)."""
         t, rt = self.cfg.train, self.rt
         acc = MetricsAccumulator()
+        counts = torch.zeros(4, dtype=torch.float64)
         loss_sum = 0.0
         for micro in range(t.grad_accum):
             idx = next(it, None)
@@ -175,24 +189,21 @@ class Trainer:
                             max_length=self.cfg.data.max_length, device=rt.device)
             seed = micro_seed(self.cfg.seed, self.step * t.grad_accum + micro, rt.rank)
             gen = torch.Generator().manual_seed(seed)
-            sync = contextlib.nullcontext()
-            if micro < t.grad_accum - 1 and hasattr(self.model, "no_sync"):
-                sync = self.model.no_sync()
-            with sync, dev.autocast(rt):
+            with parallel.gradient_sync(self.model, micro == t.grad_accum - 1), dev.autocast(rt):
                 out = dflash_forward(batch, self.target, self.model, self.cfg.drafter, self.cfg.loss,
-                                     generator=gen, progress=self.step / max(1, self.total_steps))
+                                     generator=gen, noise_seed=seed,
+                                     progress=self.step / max(1, self.total_steps))
                 (out.loss / t.grad_accum).backward()
             loss_sum += float(out.loss.detach())
             acc.add(out.metrics)
             acc.step()
-        gnorm = torch.tensor(0.0)
-        if t.grad_clip > 0:
-            gnorm = torch.nn.utils.clip_grad_norm_(self.params, t.grad_clip)
+            counts += self.meter.micro(out.metrics, batch.lengths.tolist(), out.blocks.keep.sum(1).tolist())
+        gnorm = parallel.clip_grad_norm(self.params, t.grad_clip) if t.grad_clip > 0 else 0.0
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        return loss_sum / t.grad_accum, float(gnorm), acc
+        return loss_sum / t.grad_accum, gnorm, acc, counts
 
     # -- graceful stop ------------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -200,12 +211,6 @@ class Trainer:
             log.warning("rank %d: %s received: checkpoint after this step, then stop", self.rt.rank,
                         signal.Signals(signum).name)
         self._signal = signum
-
-    def _stop_agreed(self) -> bool:
-        """True on every rank once any rank got SIGINT/SIGTERM (one all-reduce per step, so all stop at
-        the same step and save together)."""
-        flag = torch.tensor([1.0 if self._signal is not None else 0.0], device=self.rt.device)
-        return bool(dev.all_reduce_sum(flag).item() > 0)
 
     def run(self) -> TrainResult:
         if threading.current_thread() is not threading.main_thread():
@@ -235,34 +240,36 @@ class Trainer:
         losses: list[float] = []
         last_log: dict[str, Any] = {}
         last_ckpt: Path | None = None
-        t_log = time.perf_counter()
         self.model.train()
+        self.meter.restart_clock()
         try:
             while self.step < self.total_steps:
                 res = self._train_step(it)
                 if res is None:
                     log.info("data exhausted at step %d", self.step)
                     break
-                loss, gnorm, acc = res
+                loss, gnorm, acc, counts = res
                 for k, v in acc.sums.items():
                     window.sums[k] = window.sums[k] + v if k in window.sums else v
                 window.steps += acc.steps
                 losses.append(loss)
                 lr = self.sched.get_last_lr()[0]
                 tau = float(acc.sums["tau_sum"] / acc.sums["blocks"].clamp(min=1))
-                logger.step(self.step, {"loss": loss, "tau": tau, "lr": lr, "grad_norm": gnorm})
+                meter, stop = self.meter.end_step(counts, self._signal is not None, rt.distributed)
+                left = self.total_steps - self.step
+                record = {"loss": loss, "tau": tau, "lr": lr, "grad_norm": gnorm,
+                          "total_steps": self.total_steps, **meter, "eta_s": round(self.meter.eta(left), 1)}
                 if self.step % t.log_every == 0 or self.step == self.total_steps:
-                    agg = window.reduce(rt.distributed)
-                    now = time.perf_counter()
-                    agg["tok_per_s"] = agg["tokens"] * rt.world_size / max(1e-9, now - t_log)
-                    t_log = now
-                    last_log = logger.log(self.step, agg, lr)
+                    rates = self.meter.rates(left)
+                    record.update(rates)
+                    last_log = logger.log(self.step, {**window.reduce(rt.distributed), **rates}, lr)
+                logger.step(self.step, record)
                 if t.save_every and self.step % t.save_every == 0:
                     last_ckpt = self.save()
                 if t.stop_after and self.step >= t.stop_after:
                     last_ckpt = self.save()
                     return TrainResult(self.step, self.total_steps, losses, last_log, last_ckpt, None, True)
-                if self.step < self.total_steps and self._stop_agreed():
+                if self.step < self.total_steps and stop:
                     if self._saved_step != self.step:
                         last_ckpt = self.save()
                     return TrainResult(self.step, self.total_steps, losses, last_log, last_ckpt, None, True,
@@ -270,9 +277,9 @@ class Trainer:
             if self._saved_step != self.step:  # the same decision on every rank (save() has a barrier)
                 last_ckpt = self.save()
             export = None
+            weights = parallel.full_weights(self.model, rt)  # a collective: every rank
             if rt.is_main:
-                export = export_for_sglang(self.core.trainable_state_dict(), self.core.arch,
-                                           self.layout.export)
+                export = export_for_sglang(weights, self.core.arch, self.layout.export)
                 log.info("exported the drafter for SGLang to %s", export)
             return TrainResult(self.step, self.total_steps, losses, last_log, last_ckpt, export)
         finally:

@@ -1,10 +1,17 @@
-"""Training metrics: per-step JSONL, aggregated log lines (loss, per-slot accuracy, tau, tok/s, ETA),
-a tqdm progress bar and W&B when the run config names a project (mode offline in tests)."""
+"""Training metrics: per-step JSONL, aggregated log lines (loss, per-slot accuracy, tau, throughput, MFU,
+ETA), a tqdm progress bar and W&B when the run config names a project (mode offline in tests).
+
+The meter counts what the ranks really processed, each token once: every step sums the samples, tokens,
+supervised tokens and model FLOPs of all ranks' micro-batches (one all-reduce of a small vector, which
+also carries the stop flag), and divides by the step's wall time. MFU is those FLOPs over the GPUs' dense
+bf16 peak (`trainer.dflash.device.peak_tflops`, or train.placement.gpu_peak_tflops).
+"""
 from __future__ import annotations
 
 import json
 import logging
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +53,83 @@ class MetricsAccumulator:
             out["slot_acc"] = [round(float(a), 4) for a in acc]
         if "blocks" in sums:
             out["tau"] = float(sums["tau_sum"] / sums["blocks"].clamp(min=1))
-        out["tokens"] = float(sums.get("tokens", torch.tensor(0.0)))
         self.sums, self.steps = {}, 0
         return out
+
+
+COUNTS = ("samples", "tokens", "supervised_tokens", "flops")
+
+
+class Meter:
+    """Throughput, MFU and ETA from what every rank processed, each token counted once."""
+
+    def __init__(self, flops: Any, peak_tflops: float | None, world_size: int, device: Any = None) -> None:
+        self.flops, self.peak, self.world_size, self.device = flops, peak_tflops, world_size, device
+        self.totals = dict.fromkeys(COUNTS, 0.0)  # over the whole run (kept in checkpoints)
+        self.window = dict.fromkeys((*COUNTS, "seconds", "steps"), 0.0)  # since the last log line
+        self.recent: deque[float] = deque(maxlen=50)  # step times, for the ETA
+        self.t_last = time.perf_counter()
+        self.t0 = self.t_last
+
+    @classmethod
+    def of(cls, cfg: Any, target_config: Any, arch: Any, rt: dev.Runtime) -> Meter:
+        from trainer.dflash.plan import FlopCounter
+
+        peak = cfg.train.placement.gpu_peak_tflops or dev.peak_tflops(rt.device)
+        return cls(FlopCounter.of(cfg, target_config, arch), peak or None, rt.world_size, rt.device)
+
+    def micro(self, metrics: dict[str, torch.Tensor], lengths: list[int], blocks: list[int]) -> torch.Tensor:
+        """This rank's counts of one micro-batch, as a vector (samples, tokens, supervised, FLOPs)."""
+        return torch.tensor([float(metrics["samples"]), float(metrics["tokens"]),
+                             float(metrics["supervised_tokens"]), self.flops.micro(lengths, blocks)],
+                            dtype=torch.float64)
+
+    def end_step(self, local: torch.Tensor, stop: bool, distributed: bool) -> tuple[dict[str, float], bool]:
+        """Sum the step's counts over the ranks (with the stop flag), time the step: (record, stop)."""
+        vec = torch.cat([torch.tensor([1.0 if stop else 0.0], dtype=torch.float64), local])
+        if distributed:
+            vec = vec.to(self.device)
+            dev.all_reduce_sum(vec)
+        vals = vec.cpu().tolist()
+        now = time.perf_counter()
+        dt, self.t_last = now - self.t_last, now
+        counts = dict(zip(COUNTS, vals[1:], strict=True))
+        for k, v in counts.items():
+            self.totals[k] += v
+            self.window[k] += v
+        self.window["seconds"] += dt
+        self.window["steps"] += 1
+        self.recent.append(dt)
+        rec = {k: (int(v) if k != "flops" else v) for k, v in counts.items()}
+        return {**rec, "step_time_s": round(dt, 4), "mfu": self.mfu(counts["flops"], dt)}, vals[0] > 0
+
+    def mfu(self, flops: float, seconds: float) -> float | None:
+        if not self.peak or seconds <= 0:
+            return None
+        return round(flops / (seconds * self.world_size * self.peak * 1e12), 4)
+
+    def eta(self, steps_left: int) -> float:
+        return sum(self.recent) / max(1, len(self.recent)) * max(0, steps_left)
+
+    def rates(self, steps_left: int) -> dict[str, Any]:
+        """The window's rates since the last call (samples/s, tokens/s, supervised tokens/s, MFU, ETA)."""
+        w, secs = self.window, max(1e-9, self.window["seconds"])
+        out = {"samples_per_s": round(w["samples"] / secs, 3), "tokens_per_s": round(w["tokens"] / secs, 1),
+               "supervised_tokens_per_s": round(w["supervised_tokens"] / secs, 1),
+               "step_time_s": round(secs / max(1.0, w["steps"]), 4), "mfu": self.mfu(w["flops"], secs),
+               "eta_s": round(self.eta(steps_left), 1), "elapsed_s": round(time.perf_counter() - self.t0, 2)}
+        self.window = dict.fromkeys(self.window, 0.0)
+        return out
+
+    def restart_clock(self) -> None:
+        """Start timing now (after loading, warm-up and other one-off work)."""
+        self.t_last = time.perf_counter()
+
+    def state_dict(self) -> dict[str, float]:
+        return dict(self.totals)
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.totals.update({k: float(v) for k, v in state.items() if k in self.totals})
 
 
 class MetricsLogger:
@@ -98,21 +179,22 @@ class MetricsLogger:
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
 
     def log(self, step: int, agg: dict[str, Any], lr: float) -> dict[str, Any]:
-        elapsed = time.perf_counter() - self.t0
-        done = max(1, step - self.start_step)
-        eta = elapsed / done * (self.total - step)
-        line = {**agg, "lr": lr, "elapsed_s": round(elapsed, 2), "eta_s": round(eta, 1)}
+        """A log line (and W&B) with the window's loss, tau, throughput, MFU and ETA (from the Meter)."""
+        line = {**agg, "lr": lr}
         if not self.enabled:
             return line
-        tau = agg.get("tau", 0.0)
-        log.info("step %d/%d loss %.4f tau %.3f acc@1 %.3f lr %.2e tok/s %.0f eta %s", step, self.total,
+        tau, mfu = agg.get("tau", 0.0), agg.get("mfu")
+        log.info("step %d/%d loss %.4f tau %.3f acc@1 %.3f lr %.2e | %.2f samples/s %.0f tok/s "
+                 "(%.0f supervised) %.3f s/step MFU %s | eta %s", step, self.total,
                  agg.get("loss", float("nan")), tau, (agg.get("slot_acc") or [0.0])[0], lr,
-                 agg.get("tok_per_s", 0.0), _fmt_eta(eta))
+                 agg.get("samples_per_s", 0.0), agg.get("tokens_per_s", 0.0),
+                 agg.get("supervised_tokens_per_s", 0.0), agg.get("step_time_s", 0.0),
+                 "n/a" if mfu is None else f"{100 * mfu:.1f}%", _fmt_eta(agg.get("eta_s", 0.0)))
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{agg.get('loss', 0):.4f}", tau=f"{tau:.2f}",
-                                 tok_s=f"{agg.get('tok_per_s', 0):.0f}")
+                                 tok_s=f"{agg.get('tokens_per_s', 0):.0f}")
         if self.wandb is not None:
-            flat = {f"train/{k}": v for k, v in line.items() if not isinstance(v, list)}
+            flat = {f"train/{k}": v for k, v in line.items() if not isinstance(v, list) and v is not None}
             for i, a in enumerate(agg.get("slot_acc") or []):
                 flat[f"train/acc_slot{i + 1}"] = a
             self.wandb.log(flat, step=step)

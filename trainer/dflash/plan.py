@@ -7,8 +7,10 @@ of ``train.placement`` (one node; every node of a multi-node run is laid out the
 - target weights: every parameter of the text model in the target dtype (bf16 unless float32);
 - target activations: the no-grad forward at ``data.max_length`` (captured layers, the last hidden
   state, one layer's MLP transient);
-- drafter state: trainable parameters x 16 bytes (fp32 master weights 4 + grads 4 + AdamW m, v 8), plus
-  a bf16 copy of the shared embedding and lm_head when the drafter sits on another GPU than its target;
+- drafter state: trainable parameters x 16 bytes (fp32 master weights 4 + grads 4 + AdamW m, v 8), all
+  of it per rank with ddp, 1/world of it with fsdp plus the bf16 parameters gathered for compute
+  (`drafter_state_bytes`), plus a bf16 copy of the shared embedding and lm_head when the drafter sits
+  on another GPU than its target;
 - drafter activations: what autograd keeps for ``drafter.max_anchors`` blocks of ``drafter.block_size``
   rows against a ``data.max_length`` context, per layer (residuals in fp32, the rest bf16), flex attention
   (no dense mask);
@@ -118,6 +120,68 @@ def drafter_params(a: Any, target_hidden: int) -> int:
     return len(a.target_layer_ids) * target_hidden * h + h + a.num_layers * layer + h
 
 
+@dataclasses.dataclass(frozen=True)
+class FlopCounter:
+    """Model FLOPs of one micro-batch (what MFU counts: no recompute, no padding), from config.json sizes.
+
+    Target: a no-grad forward over the real tokens (2 x non-embedding params per token, plus causal
+    attention in its full-attention layers). Drafter: forward + backward (3 x forward) over its query rows
+    (kept blocks x block size), K/V and fc over the context. Heads: the drafter's lm_head forward and input
+    gradient (4 x H x vocab per row; frozen, no weight gradient), and the verifier's lm_head forward on the
+    same rows when the loss reads the target's distribution.
+    """
+
+    target_per_token: float
+    target_attn_per_token_ctx: float  # x tokens x context length / 2 (causal)
+    drafter_per_row: float
+    drafter_per_ctx_token: float
+    drafter_attn_per_row_ctx: float  # x rows x (context / 2 + block)
+    head_per_row: float
+    block_size: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig, t: Any, arch: Any) -> FlopCounter:
+        h_t, v = int(t.hidden_size), int(t.vocab_size)
+        full_layers = sum(1 for k in _layer_types(t) if k == "full_attention")
+        t_hd = int(getattr(t, "head_dim", 0) or h_t // int(t.num_attention_heads))
+        hq, hkv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+        h = arch.hidden_size
+        layer = 2 * (h * hq * 2 + 3 * h * arch.intermediate_size)
+        head = 4 * h * v + (2 * h_t * v if cfg.loss.needs_target_logits else 0)
+        return cls(
+            target_per_token=2 * (target_params(t) - v * h_t * 2),
+            target_attn_per_token_ctx=full_layers * 2 * 2 * int(t.num_attention_heads) * t_hd,
+            drafter_per_row=3 * arch.num_layers * (layer + 2 * 2 * h * hkv),
+            drafter_per_ctx_token=3 * (arch.num_layers * 2 * 2 * h * hkv
+                                       + 2 * len(arch.target_layer_ids) * h_t * h),
+            drafter_attn_per_row_ctx=3 * arch.num_layers * 4 * hq,
+            head_per_row=head, block_size=arch.block_size)
+
+    def micro(self, lengths: list[int], blocks: list[int]) -> float:
+        """FLOPs of a micro-batch: each sample's real length and its number of kept blocks."""
+        total = 0.0
+        for s, n in zip(lengths, blocks, strict=True):
+            rows = n * self.block_size
+            total += (self.target_per_token * s + self.target_attn_per_token_ctx * s * s / 2
+                      + self.drafter_per_row * rows + self.drafter_per_ctx_token * s
+                      + self.drafter_attn_per_row_ctx * rows * (s / 2 + self.block_size)
+                      + self.head_per_row * rows)
+        return total
+
+
+def drafter_state_bytes(dp: int, largest_unit: int, strategy: str, world: int, bf16: bool) -> float:
+    """GPU memory of the drafter's trainable state on one rank.
+
+    fp32 master weights 4 + gradients 4 + AdamW moments 8 = 16 bytes per parameter: all of it on every
+    rank with ddp; 1/world of it with fsdp, plus the parameters gathered for compute from forward to
+    backward (bf16 on GPU: 2 bytes each) and one unit's unsharded gradient before its reduce-scatter.
+    """
+    if strategy != "fsdp" or world == 1:
+        return dp * 16.0
+    gathered = 2 if bf16 else 4
+    return dp * 16.0 / world + dp * gathered + largest_unit * (gathered + 4)
+
+
 def build_plan(cfg: RunConfig, t: SimpleNamespace, capacity_gb: float) -> Plan:
     from trainer.dflash.arch import default_layer_ids, resolve_arch
 
@@ -143,7 +207,10 @@ def build_plan(cfg: RunConfig, t: SimpleNamespace, capacity_gb: float) -> Plan:
     chunk = min(loss.chunk_blocks * d.block_size, rows)
     logit_b = 2 + 4 + 4 + (12 if loss.needs_target_logits else 0)
     logits = chunk * v * logit_b
-    state = dp * 16
+    bf16 = cfg.train.dtype == "bfloat16" and cfg.train.device != "cpu"
+    fc = n_feat * h_t * a.hidden_size
+    unit = max((dp - fc) // a.num_layers, fc)  # the largest FSDP unit: one decoder layer, or the root's fc
+    state = drafter_state_bytes(dp, unit, p.strategy, p.world_size, bf16)
     shared_copy = 2 * v * h_t * tbytes
 
     gpus: dict[int, GpuBudget] = {}
@@ -163,25 +230,14 @@ def build_plan(cfg: RunConfig, t: SimpleNamespace, capacity_gb: float) -> Plan:
         tgt.target_ranks.append(r)
         tgt.target_weights += tp * tbytes  # each rank loads its own target copy
         tgt.target_activations += t_act
-    # FLOPs of one optimizer step, all ranks: target forward, drafter fwd+bwd (6 x params x rows,
-    # k/v and fc over the context too), attention, lm_head (fwd, checkpoint recompute, input grad)
-    full_layers = sum(1 for k in _layer_types(t) if k == "full_attention")
-    t_heads_dim = int(t.num_attention_heads) * int(getattr(t, "head_dim", 0) or h_t // t.num_attention_heads)
-    tgt_flops = 2 * (tp - v * h_t * 2) * bs * s + full_layers * 2 * bs * s * s * t_heads_dim
-    drafter_layer = 2 * (a.hidden_size * hq * 2 + 3 * a.hidden_size * a.intermediate_size)
-    kv_ctx = 2 * 2 * a.hidden_size * hkv
-    d_fwd = (a.num_layers * (drafter_layer * rows + kv_ctx * (bs * s + rows))
-             + 2 * n_feat * h_t * a.hidden_size * bs * s
-             + a.num_layers * 4 * rows * (s / 2 + d.block_size) * hq)
-    head = 6 * a.hidden_size * v * rows + (2 * h_t * v * rows if loss.needs_target_logits else 0)
-    micro = tgt_flops + 3 * d_fwd + head
+    flops = FlopCounter.of(cfg, t, a)
+    micro = flops.micro([s] * bs, [d.max_anchors] * bs)
     world = p.world_size
-    flops = micro * cfg.train.grad_accum * world
-    notes = []
+    notes = [f"drafter state: strategy {p.strategy} over {world} rank(s)"]
     if p.nnodes > 1:
         notes.append(f"every one of the {p.nnodes} nodes is laid out as above")
-    return Plan(sorted(gpus.values(), key=lambda g: g.gpu), capacity_gb, tp, dp, flops,
-                bs * s * cfg.train.grad_accum * world, notes)
+    return Plan(sorted(gpus.values(), key=lambda g: g.gpu), capacity_gb, tp, dp,
+                micro * cfg.train.grad_accum * world, bs * s * cfg.train.grad_accum * world, notes)
 
 
 def format_plan(cfg: RunConfig, plan: Plan) -> str:
