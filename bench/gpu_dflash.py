@@ -1,27 +1,39 @@
-"""GPU benchmark: the real Qwen3.6-27B target architecture (random bf16 weights) + the 5-layer
-SpecForge drafter, N training steps at seq 4096 / 512 anchors / B=16; prints tokens/s, peak memory, MFU.
+"""GPU benchmark: one rank of the production run, colocated: the real Qwen3.6-27B target architecture
+(random bf16 weights) and the 5-layer SpecForge drafter on the same GPU, the run file's loss (KL + CE on the
+target's labels, D-PACE, feature noise), at seq 4096 / 512 anchors / block 16, batch 1.
 
-    python bench/gpu_dflash.py                  # on an H200 (the target alone is ~55.6 GB in bf16)
+    python bench/gpu_dflash.py [--out DIR]      # on an H200 / B200 (the target alone is ~55.6 GB in bf16)
     python bench/gpu_dflash.py --tiny           # scaled-down config on CPU: proves the script works
 
+Prints (and writes to DIR/gpu_dflash.json) tokens/s, samples/s, step time, peak memory, MFU (the train
+loop's own FLOP count and peak table) and `trainer plan`'s prediction for the same layout. One GPU is one
+rank: the drafter state is whole here (a 1-rank FSDP shard is the whole state), so the plan line for the
+production layout (8 ranks, state sharded 8 ways) is printed beside it with the difference.
+
 Weights are random (built on the meta device, materialised on the GPU, normal-initialised): no download.
-MFU counts model FLOPs only: 2 x target params used x S (forward to the last needed layer) +
-6 x drafter params x N*B + 6 x H x V x (rows the loss reads) + attention, over the bf16 dense peak.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from trainer.config import RunConfig, load_run_config
 from trainer.dflash import device as dev
-from trainer.dflash.config import DrafterConfig, LossConfig
+from trainer.dflash import parallel
 from trainer.dflash.drafter import build_drafter
+from trainer.dflash.metrics import Meter
+from trainer.dflash.optim import build_optimizer
+from trainer.dflash.plan import build_plan
 from trainer.dflash.step import collate, dflash_forward
 from trainer.dflash.target import TargetModel, default_layer_ids
 from trainer.dflash.tiny import TINY_TARGET
@@ -32,10 +44,7 @@ QWEN36_27B = dict(
     linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
     full_attention_interval=4, partial_rotary_factor=0.25, rope_theta=1e7,
 )
-DRAFTER_27B = dict(num_layers=5, block_size=16, mask_token_id=248070, num_attention_heads=32,
-                   num_key_value_heads=8, head_dim=128, intermediate_size=17408, sliding_window=2048,
-                   max_anchors=512)
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "B200": 2250.0}
+RUN = Path(__file__).resolve().parents[1] / "files/runs/qwen36-27b-dflash.yml"
 
 
 def build_target(cfg_kw: dict, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -61,16 +70,14 @@ def build_target(cfg_kw: dict, device: torch.device, dtype: torch.dtype) -> torc
     return model.eval()
 
 
-def model_flops(target: TargetModel, drafter: torch.nn.Module, seq: int, rows: int, n_blocks: int,
-                block: int) -> float:
-    last = max(target.layer_ids)
-    tparams = sum(p.numel() for i, layer in enumerate(target.layers) if i <= last for p in layer.parameters())
-    dparams = sum(p.numel() for n, p in drafter.named_parameters() if p.requires_grad)
-    a = drafter.arch
-    attn = 4 * a.num_attention_heads * a.head_dim * n_blocks * block * (seq + block) * a.num_layers * 3
-    kv_ctx = 6 * 2 * a.hidden_size * a.num_key_value_heads * a.head_dim * seq * a.num_layers
-    lm = 6 * a.hidden_size * target.vocab_size * rows
-    return 2 * tparams * seq + 6 * dparams * n_blocks * block + attn + kv_ctx + lm
+def run_config(tiny: bool, seq: int, anchors: int, gpu_gb: float) -> RunConfig:
+    sets = [f"data.max_length={seq}", f"drafter.max_anchors={anchors}",
+            "train.placement.nproc_per_node=1", f"train.placement.gpu_memory_gb={gpu_gb}"]
+    if tiny:
+        sets += ["drafter.num_layers=2", "drafter.block_size=8", "drafter.mask_token_id=511",
+                 "drafter.sliding_window=64", "train.device=cpu", "train.dtype=float32",
+                 "target.dtype=float32"]
+    return load_run_config(RUN, sets)
 
 
 def main() -> None:
@@ -80,68 +87,87 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--anchors", type=int, default=None)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--kl", action="store_true", help="soft-label KL (runs the target to the end)")
+    ap.add_argument("--out", type=Path, default=None, help="write gpu_dflash.json here")
     args = ap.parse_args()
-    rt = dev.resolve_runtime("cpu" if args.tiny else "cuda", "float32" if args.tiny else "bfloat16")
+    seq, anchors = args.seq or (256 if args.tiny else 4096), args.anchors or (32 if args.tiny else 512)
+    tkw = {**TINY_TARGET, "vocab_size": 512} if args.tiny else QWEN36_27B
     if args.tiny:
-        tkw = {**TINY_TARGET, "vocab_size": 512}
-        dkw = dict(num_layers=2, block_size=8, mask_token_id=511, sliding_window=64, max_anchors=32)
-        seq, dtype = args.seq or 256, torch.float32
         torch.set_num_threads(2)
-    else:
-        tkw, dkw, seq, dtype = QWEN36_27B, DRAFTER_27B, args.seq or 4096, torch.bfloat16
-    if args.anchors:
-        dkw = {**dkw, "max_anchors": args.anchors}
+    gpu_gb = 141.0
+    if torch.cuda.is_available():
+        gpu_gb = round(torch.cuda.get_device_properties(0).total_memory / 1e9, 1)
+    cfg = run_config(args.tiny, seq, anchors, gpu_gb)
+    t = cfg.train
+    rt = dev.resolve_runtime(t.device, t.dtype)
+    dtype = torch.float32 if args.tiny else torch.bfloat16
     t0 = time.perf_counter()
     model = build_target(tkw, rt.target_device, dtype)
-    target = TargetModel(model, default_layer_ids(tkw["num_hidden_layers"], dkw["num_layers"]))
-    dcfg = DrafterConfig(**dkw)
-    drafter = build_drafter(dcfg, target, rt.device)
-    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=6e-4,
-                            fused=rt.device.type == "cuda" or None)
-    lcfg = LossConfig(kl_weight=1.0, ce_weight=0.0) if args.kl else LossConfig()
-    print(f"built target ({sum(p.numel() for p in model.parameters()) / 1e6:,.1f} M params) + drafter "
-          f"({sum(p.numel() for p in drafter.parameters() if p.requires_grad) / 1e6:,.1f} M trainable) "
-          f"in {time.perf_counter() - t0:.1f}s on {rt.device}")
+    target = TargetModel(model, default_layer_ids(tkw["num_hidden_layers"], cfg.drafter.num_layers))
+    drafter = build_drafter(cfg.drafter, target, rt.device)
+    wrapped = parallel.wrap(drafter, rt, t.placement.strategy)
+    params = [p for p in wrapped.parameters() if p.requires_grad]
+    opt = build_optimizer(params, t)
+    meter = Meter.of(cfg, target.config, drafter.arch, rt)
+    print(f"built target ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params) + drafter "
+          f"({sum(p.numel() for p in params) / 1e9:.3f} B trainable) in {time.perf_counter() - t0:.1f}s "
+          f"on {dev.device_name(rt.device)}")
     g = torch.Generator().manual_seed(0)
     vocab = tkw["vocab_size"]
-    samples = [{"input_ids": torch.randint(0, vocab - 2, (seq,), generator=g).tolist(),
-                "loss_mask": [0] * 64 + [1] * (seq - 64)} for _ in range(args.batch)]
-    batch = collate(samples, device=rt.device)
+    batch = collate([{"input_ids": torch.randint(0, vocab - 2, (seq,), generator=g).tolist(),
+                      "loss_mask": [0] * 64 + [1] * (seq - 64)}], device=rt.device)
     dev.warm_up_target(rt, target, (seq,))
-    times = []
-    flops = 0.0
+    times, counts = [], None
     for i in range(args.warmup + args.steps):
         dev.synchronize(rt.device)
         if i == args.warmup:
             dev.reset_peak_memory(rt.device)
-        t = time.perf_counter()
+        start = time.perf_counter()
         with dev.autocast(rt):
-            out = dflash_forward(batch, target, drafter, dcfg, lcfg, generator=g)
+            out = dflash_forward(batch, target, wrapped, cfg.drafter, cfg.loss, generator=g,
+                                 noise_seed=i, progress=0.1)
             out.loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in drafter.parameters() if p.requires_grad], 1.0)
+        parallel.clip_grad_norm(params, t.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         dev.synchronize(rt.device)
-        dt = time.perf_counter() - t
-        rows = int(out.metrics["slot_count"].sum())
-        n_blocks = out.blocks.num_blocks * args.batch
-        flops = model_flops(target, drafter, seq, rows, n_blocks, dcfg.block_size) * args.batch
-        tag = " (warm-up)" if i < args.warmup else ""
-        print(f"step {i}{tag}: {dt:.3f}s loss {float(out.loss.detach()):.4f}")
+        dt = time.perf_counter() - start
+        counts = meter.micro(out.metrics, batch.lengths.tolist(), out.blocks.keep.sum(1).tolist())
+        warm = " (warm-up)" if i < args.warmup else ""
+        print(f"step {i}{warm}: {dt:.3f}s loss {float(out.loss.detach()):.4f}")
         if i >= args.warmup:
             times.append(dt)
-    step = sum(times) / len(times)
-    tok_s = args.batch * seq / step
-    peak = dev.peak_memory_gb(rt.device)
-    name = dev.device_name(rt.device)
-    peak_tflops = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), 0.0)
-    mfu = flops / step / (peak_tflops * 1e12) if peak_tflops else float("nan")
-    print(f"device {name}: seq {seq}, {dcfg.max_anchors} anchors x B={dcfg.block_size}, batch {args.batch}, "
-          f"{'KL' if args.kl else 'CE'} loss")
-    print(f"step {step:.3f}s  tokens/s {tok_s:,.0f}  peak memory {peak:.1f} GiB  "
-          f"model TFLOP/step {flops / 1e12:.2f}  MFU {mfu:.1%}")
+    step = statistics.median(times)
+    samples, tokens, supervised, flops = counts.tolist()
+    mfu = meter.mfu(flops, step)
+    peak = dev.peak_memory_gb(rt.device) * 2**30 / 1e9
+    tcfg = SimpleNamespace(**{**tkw, "tie_word_embeddings": False, "layer_types": None})
+    plan_one = build_plan(cfg, tcfg, gpu_gb)
+    prod = load_run_config(RUN, [f"data.max_length={seq}", f"drafter.max_anchors={anchors}"])
+    plan_prod = build_plan(dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, placement=prod.train.placement)), tcfg, gpu_gb)
+    whole, sharded = plan_one.gpus[0].drafter_state / 1e9, plan_prod.gpus[0].drafter_state / 1e9
+    figures = {
+        "device": dev.device_name(rt.device), "seq": seq, "anchors": anchors,
+        "block": cfg.drafter.block_size, "step_s": round(step, 4), "samples_per_s": round(samples / step, 3),
+        "tokens_per_s": round(tokens / step, 1), "supervised_tokens_per_s": round(supervised / step, 1),
+        "model_tflop_per_step": round(flops / 1e12, 2), "mfu": mfu, "peak_memory_gb": round(peak, 2),
+        "plan_gb_this_layout": round(plan_one.gpus[0].total / 1e9, 2),
+        "plan_gb_production_rank": round(plan_prod.gpus[0].total / 1e9, 2),
+        "drafter_state_gb_whole": round(whole, 2), "drafter_state_gb_sharded": round(sharded, 2),
+        "production_rank_gb_from_measurement": round(peak - whole + sharded, 2),
+    }
+    f = figures
+    print(f"device {f['device']}: seq {seq}, {anchors} anchors x B={f['block']}, batch 1, loss ce "
+          f"{cfg.loss.ce_weight} + kl {cfg.loss.kl_weight}, dpace {cfg.loss.dpace}")
+    print(f"step {step:.3f}s  {f['tokens_per_s']:,.0f} tokens/s  {f['samples_per_s']:.2f} samples/s  "
+          f"MFU {'n/a' if mfu is None else f'{mfu:.1%}'}  peak memory {peak:.1f} GB "
+          f"(plan: {f['plan_gb_this_layout']:.1f} GB for this 1-rank layout)")
+    print(f"production rank (8 ranks, drafter state sharded {whole:.1f} -> {sharded:.1f} GB): measured "
+          f"{f['production_rank_gb_from_measurement']:.1f} GB, plan {f['plan_gb_production_rank']:.1f} GB, "
+          f"of {gpu_gb:g}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_dflash.json").write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ class Meter:
         w, secs = self.window, max(1e-9, self.window["seconds"])
         out = {"samples_per_s": round(w["samples"] / secs, 3), "tokens_per_s": round(w["tokens"] / secs, 1),
                "supervised_tokens_per_s": round(w["supervised_tokens"] / secs, 1),
-               "step_time_s": round(secs / max(1.0, w["steps"]), 4), "mfu": self.mfu(w["flops"], secs),
+               "avg_step_time_s": round(secs / max(1.0, w["steps"]), 4), "mfu": self.mfu(w["flops"], secs),
                "eta_s": round(self.eta(steps_left), 1), "elapsed_s": round(time.perf_counter() - self.t0, 2)}
         self.window = dict.fromkeys(self.window, 0.0)
         return out
@@ -188,7 +188,7 @@ class MetricsLogger:
                  "(%.0f supervised) %.3f s/step MFU %s | eta %s", step, self.total,
                  agg.get("loss", float("nan")), tau, (agg.get("slot_acc") or [0.0])[0], lr,
                  agg.get("samples_per_s", 0.0), agg.get("tokens_per_s", 0.0),
-                 agg.get("supervised_tokens_per_s", 0.0), agg.get("step_time_s", 0.0),
+                 agg.get("supervised_tokens_per_s", 0.0), agg.get("avg_step_time_s", 0.0),
                  "n/a" if mfu is None else f"{100 * mfu:.1f}%", _fmt_eta(agg.get("eta_s", 0.0)))
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{agg.get('loss', 0):.4f}", tau=f"{tau:.2f}",
