@@ -29,22 +29,30 @@ def test_qwen36_27b_parameter_counts() -> None:
     assert target_params(t) == pytest.approx(26.9e9, rel=0.005)
     p = build_plan(load_run_config(RUN), t, 96)
     assert p.drafter_params == pytest.approx(1.73e9, rel=0.005)  # SpecForge's ~1.7B drafter
-    drafter_gpu = next(g for g in p.gpus if g.ranks)
-    assert drafter_gpu.drafter_state == pytest.approx(p.drafter_params * 16 + 2 * 248320 * 5120 * 2)
+    gpu = p.gpus[0]
+    # fsdp over 8 ranks: 16 bytes of fp32 state per parameter / 8, the bf16 weights gathered for compute,
+    # one decoder layer's unsharded gradient (bf16 + its fp32 reduce copy); no embedding copy (colocated)
+    layer = (p.drafter_params - 5 * 5120 * 5120) // 5
+    assert gpu.drafter_state == pytest.approx(p.drafter_params * (16 / 8 + 2) + layer * 6)
+    ddp = build_plan(load_run_config(RUN, ["train.placement.strategy=ddp"]), t, 96)
+    assert ddp.gpus[0].drafter_state == pytest.approx(p.drafter_params * 16)  # a full replica per rank
 
 
-def test_the_27b_run_prints_a_table_per_gpu_and_fits() -> None:
+def test_the_27b_run_prints_a_table_per_gpu_and_fits_8_colocated_ranks_on_96gb() -> None:
     r = plan(str(RUN), "--model-config", str(FIXTURE))
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
     assert [row[0] for row in rows] == [str(i) for i in range(8)]  # one row per GPU of the placement
-    assert [row[1] for row in rows] == ["t0", "t1", "t2", "t3", "d0", "d1", "d2", "d3"]
-    assert all(row[-1] == "yes" for row in rows)
+    assert [row[1] for row in rows] == [f"d{i},t{i}" for i in range(8)]  # target and drafter together
+    assert all(row[-1] == "yes" and float(row[-3]) <= 96 for row in rows)
     assert float(rows[0][2]) == pytest.approx(53.8, abs=0.1)  # target weights, GB
-    assert float(rows[4][4]) == pytest.approx(32.8, abs=0.1)  # drafter + fp32 AdamW state + embed copy
-    assert "TFLOP" in r.stdout
+    assert float(rows[0][4]) == pytest.approx(8.8, abs=0.1)  # sharded drafter state + gathered bf16 weights
+    assert "TFLOP" in r.stdout and "strategy fsdp over 8 rank(s)" in r.stdout
     j = json.loads(plan(str(RUN), "--model-config", str(FIXTURE), "--json").stdout)
-    assert j["fits"] and len(j["gpus"]) == 8 and j["tokens_per_step"] == 4 * 4096
+    assert j["fits"] and len(j["gpus"]) == 8 and j["tokens_per_step"] == 8 * 4096
+    # the same placement with a full drafter replica per rank does not fit a 96 GB card
+    full = plan(str(RUN), "--model-config", str(FIXTURE), "--set", "train.placement.strategy=ddp")
+    assert full.returncode == 1 and "needs 103.8 GB" in full.stderr
 
 
 def test_target_and_drafter_on_one_48gb_card_is_refused_with_the_numbers() -> None:
