@@ -98,3 +98,19 @@ def test_plan_needs_no_torch() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "TFLOP" in r.stdout
+
+
+def test_flops_per_step_are_the_meters_count_of_a_full_length_sample() -> None:
+    from trainer.dflash.arch import default_layer_ids, resolve_arch
+    from trainer.dflash.plan import FlopCounter
+
+    t = read_model_config(FIXTURE)
+    cfg = load_run_config(RUN)
+    arch = resolve_arch(cfg.drafter, t, default_layer_ids(64, 5), int(t.vocab_size))
+    counter = FlopCounter.of(cfg, t, arch)
+    p = build_plan(cfg, t, 96)
+    assert p.flops_per_step == pytest.approx(8 * counter.micro([4096], [512]))  # the train log's MFU count
+    # the target's forward dominates: 2 x its non-embedding parameters per token
+    assert counter.target_per_token == 2 * (target_params(t) - 2 * 248320 * 5120)
+    short = counter.micro([1024], [128])
+    assert short < counter.micro([4096], [512]) / 3.9  # scales with the real tokens, not the padded shape
