@@ -14,6 +14,8 @@
 set -euo pipefail
 
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# shellcheck source=molecule/images/mounts.sh
+source "$(dirname "$0")/mounts.sh"
 WORK=${IMAGES_WORKDIR:-$(cd "$(dirname "$0")" && pwd)/rootfs}
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(bookworm trixie)
@@ -28,12 +30,16 @@ for suite in "${suites[@]}"; do
   base="localhost/gpu-node-${suite}-base:latest"
   if [ -n "${FORCE:-}" ] || ! podman image exists "$base"; then
     dir="$WORK/$suite"
-    rm -rf "$dir"; mkdir -p "$dir"
+    # never read or delete across a mount point: a rootfs left with proc mounted holds the host's /proc
+    release_mounts "$dir"
+    rm -rf --one-file-system "$dir"; mkdir -p "$dir"
     echo "build.sh: debootstrap $suite into $dir"
     debootstrap --variant=minbase "$suite" "$dir" "$MIRROR" >"$WORK/$suite.log" 2>&1 \
-      || { echo "build.sh: debootstrap $suite failed, see $WORK/$suite.log" >&2; tail -20 "$WORK/$suite.log" >&2; exit 1; }
-    tar -C "$dir" -c . | podman import - "$base" >/dev/null
-    rm -rf "$dir"
+      || { release_mounts "$dir" || true
+           echo "build.sh: debootstrap $suite failed, see $WORK/$suite.log" >&2; tail -20 "$WORK/$suite.log" >&2; exit 1; }
+    release_mounts "$dir"
+    tar -C "$dir" --one-file-system -c . | podman import - "$base" >/dev/null
+    rm -rf --one-file-system "$dir"
   fi
   ctx=$(mktemp -d)
   cat >"$ctx/Containerfile" <<CF
