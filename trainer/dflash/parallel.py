@@ -35,6 +35,11 @@ def wrap(drafter: nn.Module, rt: dev.Runtime, strategy: str) -> nn.Module:
 
         ids = [rt.device.index] if rt.device.type == "cuda" else None
         return DDP(drafter, device_ids=ids)
+    return shard(drafter, rt)
+
+
+def shard(drafter: nn.Module, rt: dev.Runtime) -> nn.Module:
+    """FSDP2 over the default process group: each decoder layer, then the drafter (fc and norms)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
