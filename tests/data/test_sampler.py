@@ -158,3 +158,11 @@ def test_resume_on_another_world_size_draws_each_batch_once(before: int, after: 
     mid.load_state_dict(again.state_dict())
     assert first + list(mid) == list(BucketBatchSampler(LENGTHS, rank=0, world_size=after, **kw)
                                       ._rank_batches(0, state["consumed"]))
+
+
+@pytest.mark.parametrize("kw", [{"batch_size": 8}, {"max_tokens": 16384}])
+def test_shapes_cover_every_batch_of_every_epoch(kw: dict[str, int]) -> None:
+    s = BucketBatchSampler(LENGTHS, seed=4, world_size=2, **kw)
+    shapes = s.shapes()
+    seen = {(len(b), s.pad_to(b)) for e in range(3) for b in _epoch(s, e)}
+    assert seen <= shapes and len(shapes) <= 2 * len(s.boundaries)  # what the compile budget is sized by

@@ -57,7 +57,8 @@ def test_two_ranks_fsdp_count_each_token_once_then_resume_on_one_rank(make_run) 
     assert [x["step"] for x in two] == [1, 2, 3]  # rank 0 alone writes the metrics
 
     lengths = [len(ids) for ids, _ in rows]
-    samplers = [BucketBatchSampler(lengths, batch_size=2, seed=cfg.seed, rank=r, world_size=2) for r in (0, 1)]
+    samplers = [BucketBatchSampler(lengths, batch_size=2, seed=cfg.seed, rank=r, world_size=2)
+                for r in (0, 1)]
     per_rank = [list(itertools.islice(iter(s), 3)) for s in samplers]
     for step, line in enumerate(two):
         batches = [per_rank[r][step] for r in (0, 1)]

@@ -161,6 +161,18 @@ class BucketBatchSampler:
             n += batches // ws if self.drop_last else -(-batches // ws)
         return n
 
+    def shapes(self) -> set[tuple[int, int]]:
+        """The (rows, padded length) pairs a batch can have: each bucket's full batch and its last one.
+        What the compiled kernels see (one compilation each), whatever the epoch's order."""
+        out = set()
+        for b, members in enumerate(self.buckets):
+            if members:
+                k = self.rows_per_batch(b)
+                out.add((min(k, len(members)), self.boundaries[b]))
+                if len(members) > k and len(members) % k:
+                    out.add((len(members) % k, self.boundaries[b]))
+        return out
+
     def remaining(self) -> int:
         """Steps left in the current epoch."""
         return len(self._groups(self.epoch, self.base)) - self.position

@@ -230,8 +230,9 @@ class Trainer:
                 log.warning("--resume: no checkpoint under %s; starting from step 0", self.ckpt_root)
             else:
                 self.load(found)
-        lengths = sorted({self.sampler.pad_to([i]) for i in range(min(64, len(self.ds)))})
-        dev.warm_up_target(rt, self.target, tuple(lengths))
+        shapes = self.sampler.shapes()
+        dev.configure_compile(num_shapes=len(shapes))  # one flex compilation per batch shape, never more
+        dev.warm_up_target(rt, self.target, tuple(sorted({n for _, n in shapes})))
         logger = MetricsLogger(self.layout.metrics, self.total_steps, self.step, enabled=rt.is_main,
                                progress=t.progress, wandb_cfg=cfg.wandb, run_name=cfg.name,
                                config=to_dict(cfg))
