@@ -106,3 +106,34 @@ def test_fsdp_bf16_mixed_precision_step_matches_plain_drafter(tmp_path) -> None:
 def test_peak_table_knows_this_gpu() -> None:
     name = dev.device_name(CUDA)
     assert dev.peak_tflops(CUDA) is not None, f"add {name!r} to trainer.dflash.device.PEAK_TFLOPS"
+
+
+def test_inductor_compiles_once_per_padded_length_over_mixed_steps() -> None:
+    """20 training steps over 3 padded lengths with varying anchor counts: inductor compiles each
+    (length, mask kind) once for flex_attention and create_block_mask, and never falls back to eager."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    bounds = (128, 384, 640)
+    dev.configure_compile(num_shapes=len(bounds))
+    target, drafter = _setup(4)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    for step in range(20):
+        pad = bounds[step % 3]
+        rows = []
+        for _ in range(2):
+            n = int(torch.randint(pad - 60, pad + 1, (1,), generator=g))
+            rows.append({"input_ids": torch.randint(0, 500, (n,), generator=g).tolist(),
+                         "loss_mask": (torch.rand(n, generator=g) < 0.7).long().tolist()})
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = dflash_forward(collate(rows, pad_to=pad, device=CUDA), target, drafter, DCFG, LossConfig(),
+                                 generator=g, use_flex=True)
+            out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        assert torch.isfinite(out.loss)
+    assert counters["stats"]["unique_graphs"] == 2 * 3 * 2, dict(counters["stats"])
+    assert not counters["graph_break"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from trainer.dflash import device as dev
+from trainer.dflash.blocks import sample_anchors
 from trainer.dflash.config import DrafterConfig, LossConfig
 from trainer.dflash.drafter import build_drafter
 from trainer.dflash.masks import AttentionMasks, MaskSpec, attend, dense_mask, flex_block_mask
@@ -34,11 +35,20 @@ def test_sliding_mask_is_windowed_on_context_and_causal_in_block() -> None:
     assert m[:, 8:].int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
 
 
+def test_padding_block_sees_only_itself() -> None:
+    # S=6, B=2, anchors [3, 0] with the second block padding (keep False, anchor 0): no context at all
+    m = dense_mask(MaskSpec(block_size=2, ctx_len=6), torch.tensor([[3, 0]]))[0, 0].int()
+    assert m[2:].tolist() == [[0, 0, 0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]]
+    causal = dense_mask(MaskSpec(2, 6, window=4, block_causal=True), torch.tensor([[3, 0]]))[0, 0].int()
+    assert causal[2:].tolist() == [[0, 0, 0, 0, 0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]]
+
+
 def test_flex_equals_dense_attention() -> None:
     assert dev.flex_available()
     torch.manual_seed(0)
-    bs, h, hkv, d, s, b = 2, 4, 2, 16, 40, 4
-    anchors = torch.tensor([[3, 10, 25, 31], [0, 5, 17, 36]])
+    bs, h, hkv, d, s, b = 3, 4, 2, 16, 40, 4
+    # the last two samples end in padding blocks (anchor 0, as sample_anchors pads)
+    anchors = torch.tensor([[3, 10, 25, 31], [0, 5, 17, 36], [7, 12, 0, 0]])
     nq = anchors.shape[1] * b
     q = torch.randn(bs, h, nq, d)
     k = torch.randn(bs, hkv, s + nq, d)
@@ -59,6 +69,41 @@ def test_drafter_flex_path_equals_sdpa_path() -> None:
         outs = [dflash_forward(batch, target, drafter, dcfg, LossConfig(), anchors=anchors, use_flex=f,
                                train=False) for f in (False, True)]
     assert torch.allclose(outs[0].loss, outs[1].loss, atol=1e-5)
+
+
+def _batch_with_padding_blocks() -> tuple:
+    """A tiny target and drafter, a batch of a 30- and an 11-token row padded to 32, and its anchors."""
+    target = TargetModel(build_tiny_model(), (1, 5))
+    dcfg = DrafterConfig(num_layers=2, block_size=4, mask_token_id=511, sliding_window=8, max_anchors=12)
+    g = torch.Generator().manual_seed(1)
+    batch = collate([{"input_ids": torch.randint(0, 500, (n,), generator=g).tolist(),
+                      "loss_mask": [0] * 4 + [1] * (n - 4)} for n in (30, 11)], pad_to=32)
+    anchors = sample_anchors(batch.loss_mask, batch.lengths, dcfg.max_anchors, g)
+    return target, dcfg, build_drafter(dcfg, target), batch, anchors
+
+
+def test_drafter_flex_equals_sdpa_with_padding_blocks() -> None:
+    target, dcfg, drafter, batch, (a, keep) = _batch_with_padding_blocks()
+    assert a.shape == (2, 12) and keep.sum(1).tolist() == [12, 6]  # the short row has 6 valid anchors
+    with torch.no_grad():
+        outs = [dflash_forward(batch, target, drafter, dcfg, LossConfig(), anchors=(a, keep), use_flex=f,
+                               train=False) for f in (False, True)]
+    assert torch.allclose(outs[0].loss, outs[1].loss, atol=1e-5)
+    assert torch.equal(outs[0].matches, outs[1].matches)
+
+
+def test_padding_blocks_do_not_change_kept_blocks() -> None:
+    """Loss, metrics and the kept blocks' outputs are the same whatever the number of padding blocks."""
+    target, dcfg, drafter, batch, (a, keep) = _batch_with_padding_blocks()
+    a8, k8 = a[:, :8], keep[:, :8]  # 8 blocks: 8 kept + 0 padding, 6 kept + 2 padding
+    a20, k20 = torch.zeros(2, 20, dtype=torch.long), torch.zeros(2, 20, dtype=torch.bool)
+    a20[:, :8], k20[:, :8] = a8, k8  # the same kept blocks, 12 more padding blocks
+    outs = [dflash_forward(batch, target, drafter, dcfg, LossConfig(), anchors=x, use_flex=False, train=False)
+            for x in ((a8, k8), (a20, k20))]
+    assert torch.allclose(outs[0].loss, outs[1].loss, atol=1e-6)
+    for key in ("tau_sum", "blocks", "slot_correct", "slot_count"):
+        assert torch.allclose(outs[0].metrics[key], outs[1].metrics[key]), key
+    assert torch.equal(outs[0].matches, outs[1].matches[:, :8]) and not outs[1].matches[:, 8:].any()
 
 
 def test_block_output_does_not_depend_on_tokens_after_its_anchor() -> None:

@@ -1,8 +1,12 @@
 """Anchors and draft blocks: which positions start a block, what the block holds, what each slot predicts.
 
 A position a is a valid anchor when loss_mask[a] = loss_mask[a+1] = 1 (inside the sample's length).
-Each step samples N = min(max_anchors, #valid) anchors per sample without replacement and sorts them;
-samples with fewer valid anchors are padded with ``keep = False`` blocks that carry no loss.
+Each step samples min(max_anchors, #valid) anchors per sample without replacement and sorts them, then
+pads every sample to N = min(max_anchors, S) blocks (S: the batch's padded length) with ``keep = False``
+blocks (anchor 0) that carry no loss. N depends on S alone, not on the data, so the drafter's shapes
+are one per padded length and compiled attention does not recompile per anchor count. S bounds N
+because a sample of S tokens has at most S - 1 valid anchors: short buckets, which batch many rows,
+do not pay for max_anchors blocks each.
 
 Block j is ``[x[a_j], MASK x (B-1)]`` at positions a_j .. a_j+B-1. Slot k (1..B-1) predicts x[a_j + k]:
 the token at the *same* position, not shifted. Its base weight is keep * [a+k < len] * loss_mask[a+k].
@@ -16,7 +20,7 @@ import torch
 
 @dataclasses.dataclass
 class Blocks:
-    anchors: torch.Tensor  # [bs, N] long (0 where not kept)
+    anchors: torch.Tensor  # [bs, N] long (0 where not kept: a padding block)
     keep: torch.Tensor  # [bs, N] bool
     block_ids: torch.Tensor  # [bs, N*B] long: anchor token then MASK
     block_pos: torch.Tensor  # [bs, N*B] long: a + k
@@ -40,11 +44,14 @@ def valid_anchor_mask(loss_mask: torch.Tensor, lengths: torch.Tensor) -> torch.T
 
 def sample_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, max_anchors: int,
                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted anchors [bs, N] and keep [bs, N]; N = min(max_anchors, max #valid over the batch) (>= 1)."""
+    """Sorted anchors [bs, N] and keep [bs, N], N = min(max_anchors, S) for loss_mask [bs, S].
+
+    Each sample keeps min(max_anchors, its #valid) anchors, drawn without replacement; the rest of its
+    N slots are padding (anchor 0, keep False).
+    """
     valid = valid_anchor_mask(loss_mask, lengths).cpu()
-    counts = valid.sum(1)
-    n = max(1, min(max_anchors, int(counts.max())))
-    bs = loss_mask.shape[0]
+    bs, s = loss_mask.shape
+    n = max(1, min(max_anchors, s))
     anchors = torch.zeros(bs, n, dtype=torch.long)
     keep = torch.zeros(bs, n, dtype=torch.bool)
     for b in range(bs):

@@ -164,19 +164,87 @@ def flex_enabled(device: torch.device) -> bool:
     return device.type == "cuda" and flex_available()
 
 
-_compiled_flex: Any = None
+# Compiling flex attention. flex_attention and create_block_mask are compiled with dynamic=False: one
+# graph per (batch size, padded length, mask kind). The sampler pads every batch to its length bucket's
+# bound and `sample_anchors` pads the blocks to a count that depends on that length only, so the shapes
+# come from a small fixed set. Static shapes are what the fused kernel wants: inductor's flex lowering
+# sets IS_DIVISIBLE (no bounds-checked loads) only when it can prove seq_len % 128 == 0
+# (torch/_inductor/kernel/flex/flex_attention.py, `flex_attention`), which a symbolic length never is,
+# and its FLASH backend rejects the symbolic scalars a dynamic mask_mod would capture.
+#
+# Each compiled function gets `recompile_limit` = the budget set by `configure_compile` and
+# fullgraph=True. Past the limit dynamo would otherwise run the function eagerly without a word
+# (torch/_dynamo/convert_frame.py, `_compile_inner`: it raises FailOnRecompileLimitHit only under
+# config.fail_on_recompile_limit_hit or fullgraph, else marks the frame RUN_ONLY), and eager flex
+# materialises the whole score matrix (about 13 GB per layer at 4096 tokens). fullgraph=True makes it
+# raise for these two functions only, without the process-wide fail_on_recompile_limit_hit; it also
+# turns any graph break, another silent eager path, into an error. isolate_recompiles=True gives each
+# compiled function its own count (compile caches live on the code object, shared by every
+# torch.compile of the same function).
+DEFAULT_COMPILE_SHAPES = 64  # (batch size, padded length) pairs: 27 buckets at 4096 x a full and a last batch
+_COMPILE_BACKEND: str | None = None  # None: inductor on GPU, nothing compiled on CPU
+_compile_limit = 0  # recompile_limit of each compiled flex function (0: configure_compile not called yet)
+_compiled: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
-def flex_attention_fn(device: torch.device) -> Any:
-    """flex_attention, compiled on GPU (the fused kernel), eager on CPU."""
-    global _compiled_flex
+def configure_compile(num_shapes: int = DEFAULT_COMPILE_SHAPES, mask_kinds: int = 2, margin: int = 8) -> int:
+    """Size the recompile budget of the compiled flex functions and return it.
+
+    `num_shapes`: the distinct (batch size, padded length) pairs the caller will feed (a forward under
+    no_grad counts as its own shape); `mask_kinds`: the layer types with their own mask (full and
+    sliding). Each compiled function may compile num_shapes x mask_kinds + margin graphs; one more
+    raises ``torch._dynamo.exc.FailOnRecompileLimitHit`` instead of running eagerly. Call it before the
+    first step; a changed budget drops the compiled functions (they recompile on next use).
+    """
+    global _compile_limit
+    if num_shapes < 1 or mask_kinds < 1 or margin < 0:
+        raise ValueError(f"configure_compile: num_shapes {num_shapes} and mask_kinds {mask_kinds} must be "
+                         f">= 1, margin {margin} >= 0")
+    limit = num_shapes * mask_kinds + margin
+    cfg = torch._dynamo.config
+    # the process-wide cap on graphs per code object must not cut in below our own limit
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, limit + 1)
+    if limit != _compile_limit:
+        _compiled.clear()
+        _compile_limit = limit
+    return limit
+
+
+def set_compile_backend(backend: str | None) -> None:
+    """Compile flex with `backend` on every device ("aot_eager": CPU tests compile for real without
+    inductor), or back to the default (None: inductor on GPU, uncompiled on CPU). Drops compiled functions."""
+    global _COMPILE_BACKEND
+    _COMPILE_BACKEND = backend
+    _compiled.clear()
+
+
+def _compiled_fn(fn: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """`fn` compiled for `device` under the recompile budget, or `fn` itself when nothing compiles there."""
+    backend = _COMPILE_BACKEND or ("inductor" if device.type == "cuda" else None)
+    if backend is None:
+        return fn
+    key = (fn.__name__, backend)
+    if key not in _compiled:
+        if not _compile_limit:
+            configure_compile()
+        _compiled[key] = torch.compile(fn, backend=backend, dynamic=False, fullgraph=True,
+                                       recompile_limit=_compile_limit, isolate_recompiles=True)
+    return _compiled[key]
+
+
+def flex_attention_fn(device: torch.device) -> Callable[..., Any]:
+    """flex_attention, compiled on GPU (the fused kernel), eager on CPU (unless a backend is set)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    if device.type != "cuda":
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
+    return _compiled_fn(flex_attention, device)
+
+
+def create_block_mask_fn(device: torch.device) -> Callable[..., Any]:
+    """create_block_mask, compiled like flex_attention_fn (torch's own advice: torch.compile it, rather
+    than its deprecated _compile flag), so the mask is not re-traced eagerly every step."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return _compiled_fn(create_block_mask, device)
 
 
 def fla_present() -> bool:
@@ -212,3 +280,20 @@ def warm_up_target(rt: Runtime, target: Any, seq_lens: tuple[int, ...] = (128,))
 
     one_device_at_a_time(rt, warm)
     log.info("target warm-up done on %s for lengths %s", rt.target_device, seq_lens)
+
+
+# Dense (no sparsity) bf16 tensor-core peak per GPU in TFLOPS, from NVIDIA's datasheets, matched against
+# torch.cuda.get_device_name in this order (more specific names first). MFU divides by these.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2500.0), ("B200", 2250.0), ("B100", 1750.0),
+    ("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("H800", 989.0),
+    ("GH200", 989.0), ("RTX PRO 6000", 503.8), ("L40S", 362.0), ("A100", 312.0), ("A800", 312.0),
+)
+
+
+def peak_tflops(device: torch.device) -> float | None:
+    """The device's dense bf16 peak (PEAK_TFLOPS), None for the CPU or an unknown GPU."""
+    if device.type != "cuda":
+        return None
+    name = device_name(device)
+    return next((tf for key, tf in PEAK_TFLOPS if key in name), None)

@@ -8,6 +8,10 @@ Layout of one sample: queries are the N blocks of B slots (row r = j*B + i, posi
 * its own block: all of it (full layers: bidirectional), or slots i' <= i (sliding layers when
   ``block_causal``); never another block.
 
+A padding block (keep = False, anchor 0) sees no context and only its own block: every row has a key
+(no all-masked row, so SDPA gives no NaN), and no kept block sees it, so kept blocks' outputs do not
+depend on how many padding blocks there are.
+
 Both builders evaluate the same predicate (`_allowed`), so SDPA and flex give the same numbers.
 """
 from __future__ import annotations
@@ -57,16 +61,19 @@ def dense_mask(spec: MaskSpec, anchors: torch.Tensor) -> torch.Tensor:
 
 
 def flex_block_mask(spec: MaskSpec, anchors: torch.Tensor) -> Any:
-    """A flex-attention BlockMask with the same predicate (built lazily: flex is an optional kernel)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """A flex-attention BlockMask with the same predicate, built by the compiled create_block_mask on GPU.
 
+    One compiled graph per (batch size, S, spec): `spec` is read as constants, `anchors` is a tensor
+    input, so new anchor values reuse the graph of their shape.
+    """
     bs, n = anchors.shape
     nq = n * spec.block_size
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         return _allowed(spec, anchors, b, q_idx, kv_idx)
 
-    return create_block_mask(mask_mod, bs, None, nq, spec.ctx_len + nq, device=str(anchors.device))
+    build = dev.create_block_mask_fn(anchors.device)
+    return build(mask_mod, bs, None, nq, spec.ctx_len + nq, device=str(anchors.device))
 
 
 class AttentionMasks:
