@@ -20,7 +20,10 @@ def test_default_layout(tmp_path):
     lay = RunLayout.of(cfg_of(tmp_path, ""))
     root = Path("runs/lay")
     assert lay.root == root
-    assert lay.shards == lay.eval_shards == root / "shards"
+    assert lay.shards == root / "shards"
+    # eval scores the held-out conversations (data.heldout_share 0.01 by default)
+    assert (lay.eval_shards, lay.eval_split) == (lay.heldout_shards, "heldout")
+    assert lay.heldout_shards == root / "shards-heldout"
     assert lay.generate_output == root / "generated"
     assert lay.completions == str(root / "generated")
     assert lay.generate_manifest == root / "generated" / "manifest.json"
@@ -38,6 +41,7 @@ def test_config_fields_move_the_paths(tmp_path):
     assert lay.root == Path("/r/lay")
     assert lay.shards == Path("/abs/sh")  # absolute stays
     assert lay.eval_shards == Path("/r/lay/held-out")  # relative is under the run dir
+    assert lay.eval_split == "eval.shards"
     assert lay.generate_output == Path("/r/lay/gen")
     assert lay.completions == "s3://b/c"
 

@@ -57,8 +57,14 @@ def load_from_args(args: argparse.Namespace) -> RunConfig:
 def _cmd_run(args: argparse.Namespace) -> int:
     cfg = load_from_args(args)
     for name in cfg.stages:
+        module = importlib.import_module(STAGES[name])
+        # a stage may say its outputs are complete and match their inputs (trainer/data/fresh.py)
+        done = None if args.force else getattr(module, "up_to_date", lambda _cfg: None)(cfg)
+        if done:
+            log.info("run %s: stage %s skipped: %s (--force redoes it)", cfg.name, name, done)
+            continue
         log.info("run %s: stage %s", cfg.name, name)
-        rc = importlib.import_module(STAGES[name]).stage(cfg)
+        rc = module.stage(cfg)
         if rc:
             log.error("run %s: stage %s failed (exit %d)", cfg.name, name, rc)
             return rc
@@ -127,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run every stage listed in the run config's `stages`, in order")
     add_run_config_args(p)
+    p.add_argument("--force", action="store_true",
+                   help="run every stage even when its outputs are complete and match their inputs")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("check", help="validate a run config and exit (--json: what the playbooks need)")
@@ -159,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rebuild even if a model is there")
     p.set_defaults(func=_cmd_tiny_target)
 
-    for module in dict.fromkeys(COMPONENTS.values()):
+    for module in (*dict.fromkeys(COMPONENTS.values()), "trainer.status"):
         importlib.import_module(module).register(sub)
     return parser
 

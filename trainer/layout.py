@@ -2,9 +2,11 @@
 
     <run_dir>/
         <generate.output>/            shards of regenerated completions, manifest.json (progress)
-            _state/                   spool: lock, open shards, rejects.ndjson, summary.json
+            _state/                   spool: lock, open shards, rejects.ndjson, skipped.ndjson, progress.json,
+                                      summary.json
         completions/                  completions fetched from S3 for prepare (data.completions s3://)
         <data.shards>/                Arrow shards + manifest.json with the doctor's verdict
+        <data.heldout_shards>/        the conversations held out of training (eval scores them)
         launch/config.yml             the resolved config every torchrun rank loads
         checkpoints/step-NNNNNNN/     numbered checkpoints, `latest` pointer (trainer/dflash/checkpoint.py)
         export/                       the drafter exported for SGLang
@@ -45,7 +47,9 @@ class RunLayout:
 
     root: Path  # the run directory
     shards: Path  # prepared Arrow shards (data.shards)
-    eval_shards: Path  # the shards eval scores (eval.shards, else data.shards)
+    heldout_shards: Path  # conversations held out of training (data.heldout_shards)
+    eval_shards: Path  # the shards eval scores (eval.shards, else the held-out shards, else data.shards)
+    eval_split: str  # which those are: "eval.shards", "heldout" or "training"
     generate_output: Path  # generate's output dir (generate.output)
     completions: str  # prepare's input, a path or s3:// URL (data.completions, else generate's)
 
@@ -54,10 +58,19 @@ class RunLayout:
         root = Path(cfg.run_dir.format(name=cfg.name))
         if base is not None:
             root = _under(Path(base), root)
+        heldout = _under(root, cfg.data.heldout_shards)
+        if cfg.eval.shards:
+            eval_shards, split = _under(root, cfg.eval.shards), "eval.shards"
+        elif cfg.data.heldout_share > 0:
+            eval_shards, split = heldout, "heldout"
+        else:
+            eval_shards, split = _under(root, cfg.data.shards), "training"
         return cls(
             root=root,
             shards=_under(root, cfg.data.shards),
-            eval_shards=_under(root, cfg.eval.shards or cfg.data.shards),
+            heldout_shards=heldout,
+            eval_shards=eval_shards,
+            eval_split=split,
             generate_output=root / cfg.generate.output,
             completions=cfg.data.completions or str(root / cfg.generate.output),
         )
@@ -73,12 +86,22 @@ class RunLayout:
         return self.generate_output / "manifest.json"
 
     @property
+    def generate_progress(self) -> Path:
+        """Done/total, rates and ETA of the generate run in progress, rewritten at each progress tick."""
+        return self.generate_state / "progress.json"
+
+    @property
     def generate_summary(self) -> Path:
         return self.generate_state / "summary.json"
 
     @property
     def generate_rejects(self) -> Path:
         return self.generate_state / "rejects.ndjson"
+
+    @property
+    def generate_skipped(self) -> Path:
+        """Conversations not sent because the token budget left too little (not rejects of the input)."""
+        return self.generate_state / "skipped.ndjson"
 
     @property
     def prompts_cache(self) -> Path:
@@ -122,10 +145,12 @@ class RunLayout:
             "run_dir": str(self.root),
             "generate_output": str(self.generate_output),
             "generate_manifest": str(self.generate_manifest),
+            "generate_progress": str(self.generate_progress),
             "generate_summary": str(self.generate_summary),
             "generate_rejects": str(self.generate_rejects),
             "completions": self.completions,
             "shards": str(self.shards),
+            "heldout_shards": str(self.heldout_shards),
             "eval_shards": str(self.eval_shards),
             "launch_config": str(self.launch_config),
             "checkpoints": str(self.checkpoints),

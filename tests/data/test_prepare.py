@@ -27,7 +27,7 @@ def _generator_output(out: Path, n: int = 60) -> None:
 
 def _run_config(tmp: Path, tok_dir: Path, **data: Any) -> Path:
     cfg = {"name": "t", "run_dir": str(tmp / "run"), "target": {"path": str(tok_dir)},
-           "data": {"num_workers": 1, "max_length": 1024, **data}}
+           "data": {"num_workers": 1, "max_length": 1024, "heldout_share": 0, **data}}  # split: test_split
     path = tmp / "t.yml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -9,6 +9,7 @@ stand-in. It needs only the Python standard library:
         [--tokens-per-s N] [--error-rate P] [--abort-rate P] [--die-after N] [--max-running N]
         [--max-running-unset] [--no-server-info] [--startup-s S] [--seed S]
         [--reasoning-parser qwen3] [--api-key KEY] [--context-length N] [--tls-cert PEM --tls-key PEM]
+        [--keep-alive-s S] [--log-requests] [--holds]
 
 It serves SGLang's response shapes: GET /health, /health_generate, /get_model_info, /server_info (and its
 deprecated alias /get_server_info), /v1/models and POST /v1/chat/completions (non-streaming). The
@@ -48,7 +49,18 @@ Answers as real SGLang gives them (references are to sgl-project/sglang, python/
 Capacity: at most --max-running requests are decoded at once (the rest wait, as in SGLang's queue);
 each takes --latency seconds plus completion_tokens / --tokens-per-s. --error-rate answers that share of
 completions with HTTP 500; --die-after N makes the process exit right after its N-th completion (the
-requests in flight then see their connection reset). GET /double/stats reports counters for tests.
+requests in flight then see their connection reset). GET /double/stats reports counters for tests;
+with --log-requests, GET /double/requests lists every chat request's messages and max_tokens. With
+--holds, a request whose last message contains "[hold-s=N]" takes N more seconds (tests use it to
+shape idle gaps and to kill a client between the turns of a conversation).
+
+Keep-alive as SGLang's HTTP server has it: uvicorn closes a connection that stays idle
+`timeout_keep_alive` seconds after its last response, and SGLang sets that from
+`SGLANG_TIMEOUT_KEEP_ALIVE = EnvInt(5)` (srt/environ.py; entrypoints/http_server.py passes it to
+uvicorn.run). `--keep-alive-s S` (default 5, 0 = never) models the close at the moment a client loses
+the race with it: a request that arrives on a connection idle longer than S is not answered and the
+connection is closed, as when the request crosses the server's FIN on the wire. Counted as
+`stale_closed` in /double/stats.
 """
 from __future__ import annotations
 
@@ -58,6 +70,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import ssl
 import sys
 import threading
@@ -74,6 +87,7 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 EMPTY_THINKING = "[empty-thinking]"  # a prompt with this gets an empty thinking and a stray </think>
 IM_END_ID = 151645  # Qwen's <|im_end|>, what SGLang reports as matched_stop
+HOLD = re.compile(r"\[hold-s=([0-9.]+)\]")  # with --holds: extra service seconds for this request
 
 
 def messages_key(messages: list[dict]) -> str:
@@ -134,6 +148,8 @@ class State:
         self.aborted = 0
         self.running = 0
         self.max_seen_running = 0
+        self.stale_closed = 0  # requests that arrived on a connection past its keep-alive
+        self.requests: list[dict] = []  # with --log-requests: messages and max_tokens of each request
         self.sampling: dict = {}  # the sampling fields of the last completion request
         self.started = time.time()
 
@@ -147,6 +163,20 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "sglang-double/0.1"
     state: State  # set on the class by main()
 
+    def setup(self) -> None:
+        super().setup()
+        self.idle_since = time.monotonic()  # uvicorn's keep-alive timer also runs before the 1st request
+
+    def _stale(self) -> bool:
+        """The connection outlived the server's keep-alive: close it unanswered (see the docstring)."""
+        keep = self.state.args.keep_alive_s
+        if keep <= 0 or time.monotonic() - self.idle_since <= keep:
+            return False
+        with self.state.lock:
+            self.state.stale_closed += 1
+        self.close_connection = True
+        return True
+
     def log_message(self, fmt: str, *args: object) -> None:
         if self.state.args.verbose:
             sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
@@ -159,6 +189,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
         self.wfile.flush()
+        self.idle_since = time.monotonic()
 
     def _authorized(self) -> bool:
         key = self.state.args.api_key
@@ -182,7 +213,7 @@ class Handler(BaseHTTPRequestHandler):
                 "version": "double"}
 
     def do_GET(self) -> None:
-        if not self._authorized():
+        if self._stale() or not self._authorized():
             return
         a, path = self.state.args, self.path.split("?")[0]
         if path in ("/health", "/health_generate"):
@@ -202,12 +233,15 @@ class Handler(BaseHTTPRequestHandler):
             with s.lock:
                 self._send(200, {"served": s.served, "errors": s.errors, "aborted": s.aborted,
                                  "running": s.running, "max_seen_running": s.max_seen_running,
-                                 "sampling": s.sampling})
+                                 "sampling": s.sampling, "stale_closed": s.stale_closed})
+        elif path == "/double/requests":
+            with self.state.lock:
+                self._send(200, {"requests": self.state.requests})
         else:
             self._send(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
-        if not self._authorized():
+        if self._stale() or not self._authorized():
             return
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
@@ -256,10 +290,14 @@ class Handler(BaseHTTPRequestHandler):
             return
         with s.lock:
             s.sampling = {k: req[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in req}
+            if a.log_requests:
+                s.requests.append({"messages": messages, "max_tokens": max_tokens})
         tokens = completion_tokens(messages, thinking)
         finish = "stop" if len(tokens) <= max_tokens else "length"
         tokens = tokens[:max_tokens]
         service = a.latency + (len(tokens) / a.tokens_per_s if a.tokens_per_s > 0 else 0.0)
+        hold = HOLD.search(str(messages[-1].get("content", ""))) if a.holds else None
+        service += float(hold.group(1)) if hold else 0.0
         with s.slots:
             # The service time is counted from admission and the answer is built while it runs, so the
             # double's own CPU (parsing, rendering, encoding) does not lengthen it: its capacity is exactly
@@ -339,6 +377,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate (PEM) ...")
     p.add_argument("--tls-key", default="", help="... and this key")
+    p.add_argument("--keep-alive-s", type=float, default=5.0,
+                   help="idle seconds before a connection is closed (SGLANG_TIMEOUT_KEEP_ALIVE; 0 = never)")
+    p.add_argument("--log-requests", action="store_true", help="keep every request for /double/requests")
+    p.add_argument("--holds", action="store_true", help='honour "[hold-s=N]" in a request\'s last message')
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     if args.max_running < 1:

@@ -75,5 +75,17 @@ def test_eval_cli_reports_tau_of_a_trained_checkpoint(tmp_path: Path, tiny_targe
     mean = sum(int(k) * v for k, v in out["tau_histogram"].items()) / out["blocks"]
     assert out["tau_mean"] == pytest.approx(mean)
     assert out["tau_mean"] >= b / 2  # memorised greedy data: the drafts verify
+    assert out["split"] == "training" and "scored on TRAINING samples (in-sample" in printed
+    # with a held-out split, eval scores the held-out shards by default and says so
+    rows = _greedy_rows(tiny_target, 4, 40)
+    write_shards(tmp_path / "run" / "shards-heldout", rows[:2])
+    held = ["--set", "data.heldout_share=0.05"]
+    assert main(["eval", str(path), "--checkpoint", str(res.checkpoint), *held]) == 0
+    assert "scored on held-out samples (never trained on)" in capsys.readouterr().out
+    out = json.loads((cfg.run_path / "eval" / "step-0000030.json").read_text())
+    assert (out["split"], out["samples"]) == ("heldout", 2)
+    assert out["shards"] == str(tmp_path / "run" / "shards-heldout")
+    write_shards(tmp_path / "run" / "shards-heldout", [])  # a split that held out nothing: said, not 0
+    assert main(["eval", str(path), "--checkpoint", str(res.checkpoint), *held]) == 2
     # stage(cfg) scores the latest checkpoint; a run without one fails with a clear message
     assert main(["eval", str(path), "--set", f"run_dir={tmp_path}/empty"]) == 2

@@ -149,6 +149,9 @@ def test_flagged_completions_are_kept_and_counted_without_retry(tmp_path: Path, 
     length = [r for r in records if r["finish_reason"] == "length"]
     assert length and summary["flagged"].get("length") == len(length)
     assert all(r["usage"]["completion_tokens"] == 30 for r in length)
+    # the progress file `python -m trainer status` reads, as the last tick left it
+    progress = json.loads((tmp_path / "run" / "generated" / "_state" / "progress.json").read_text())
+    assert (progress["done"], progress["total"], progress["rejected"], progress["eta_s"]) == (60, 60, 0, 0.0)
 
 
 @pytest.mark.slow

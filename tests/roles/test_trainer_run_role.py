@@ -361,3 +361,63 @@ def test_the_render_step_asks_the_trainer_that_owns_the_fields(tmp_path: Path) -
     assert r.returncode != 0
     assert "python -m trainer check refused" in out and "unknown key eval.new_knob" in out, out[-3000:]
     assert not (tmp_path / "out" / "run.conf").exists()
+
+
+_STATUS_RUN = "name: st\nstages: [train]\nrun_dir: runs/{name}\ntarget: {path: /m}\n"
+
+
+def _status_play(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> subprocess.CompletedProcess[str]:
+    """train.yml -e action=status with this machine as the node: systemctl and journalctl are stand-ins on
+    PATH (no systemd here), the node venv's python is this interpreter, the base dir is tmp_path/base."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(exist_ok=True)
+    stands_in = {"systemctl": "ActiveState=active\nSubState=running", "journalctl": "a journal line"}
+    for name, out in stands_in.items():
+        (stubs / name).write_text(f"#!/bin/sh\nprintf '%s\\n' '{out}'\n")
+        (stubs / name).chmod(0o755)
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True, exist_ok=True)
+    (venv / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (venv / "python").chmod(0o755)
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    (tmp_path / "runs" / "st.yml").write_text(_STATUS_RUN)
+    monkeypatch.setenv("PATH", f"{stubs}:{os.environ['PATH']}")
+    return _playbook(
+        "-e", "run=st", "-e", "action=status", "-e", f"trainer_run_runs_dir={tmp_path / 'runs'}",
+        "-e", "ansible_connection=local", "-e", f"ansible_python_interpreter={sys.executable}",
+        "-e", "ansible_become=false", "-e", f"trainer_run_venv={tmp_path / 'venv'}",
+        "-e", f"trainer_run_base_dir={tmp_path / 'base'}",
+    )
+
+
+def test_status_reports_the_run_from_its_files_on_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # never deployed: said plainly, not a failure
+    r = _status_play(tmp_path, monkeypatch)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 0, out[-3000:]
+    assert f"run st is not deployed on ct200 (no {tmp_path}/base/configs/st.yml)" in out
+    # deployed as the role does (run file + overrides file), with steps logged under the relative run_dir
+    configs = tmp_path / "base" / "configs"
+    configs.mkdir(parents=True)
+    (configs / "st.yml").write_text(_STATUS_RUN)
+    (configs / "st.overrides.yml").write_text("{}\n")
+    metrics = tmp_path / "base" / "runs" / "st" / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    line = {"step": 1, "total_steps": 10, "loss": 2.0, "tau": 1.1, "samples": 4, "tokens": 512,
+            "supervised_tokens": 128, "step_time_s": 2.0, "mfu": 0.05}
+    metrics.write_text(__import__("json").dumps(line) + "\n")
+    r = _status_play(tmp_path, monkeypatch)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 0, out[-3000:]
+    assert "run st: in stage train" in out and "step 1/10 (10.0%)" in out
+    assert "2.00 samples/s, 256 tokens/s (64 supervised tokens/s), 2.000 s/step, MFU 5.0%, ETA 18s" in out
+    assert "ActiveState=active" in out and "a journal line" in out
+    # a damaged metrics file: the play fails naming the file and the line
+    metrics.write_text("{not json\n")
+    r = _status_play(tmp_path, monkeypatch)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode != 0
+    assert "python -m trainer status failed (exit 1)" in out
+    assert f"{metrics} line 1: not a JSON object" in out

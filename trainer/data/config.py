@@ -29,6 +29,10 @@ class DoctorConfig:
 class DataConfig:
     completions: str = ""  # input completions (jsonl dir/file or s3://...); "" = the generate output
     shards: str = "shards"  # prepared Arrow shards, relative to the run dir
+    # share of conversation ids held out of training (by a hash of the id: deterministic), written to
+    # `heldout_shards` (relative to the run dir); eval scores them by default. 0 = no held-out split.
+    heldout_share: float = 0.01
+    heldout_shards: str = "shards-heldout"
     max_length: int = 4096
     tokenizer: str = ""  # tokenizer dir; "" = target.path
     num_workers: int = 0  # tokenising processes; 0 = all cores
@@ -44,3 +48,8 @@ class DataConfig:
             raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.rows_per_shard < 1:
             raise ValueError(f"data.rows_per_shard must be >= 1, got {self.rows_per_shard}")
+        if not 0.0 <= self.heldout_share <= 0.5:
+            raise ValueError(f"data.heldout_share must be within [0, 0.5], got {self.heldout_share}")
+        if self.heldout_share and self.heldout_shards.strip("/") in ("", self.shards.strip("/")):
+            raise ValueError(f"data.heldout_shards must be a dir of its own, not {self.heldout_shards!r} "
+                             f"(data.shards is {self.shards!r})")

@@ -18,18 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer.data.config import DoctorConfig
-from trainer.data.doctor import SAMPLE_COLUMNS, Verdict, degenerate_flags, diagnose
+from trainer.data.doctor import Verdict
 from trainer.data.records import DataError, input_files, iter_payloads, parse_payload
 from trainer.data.render import Row, expand
-from trainer.data.shards import (
-    FORMAT_VERSION,
-    MANIFEST,
-    ShardWriter,
-    data_digest,
-    length_histogram,
-    write_json_atomic,
-    write_samples,
-)
+from trainer.data.shards import MANIFEST, staging_dir, swap_in, write_json_atomic
+from trainer.data.split import Sink, is_heldout
 
 log = logging.getLogger(__name__)
 CHUNK = 32  # records per task sent to a worker
@@ -40,8 +33,17 @@ _worker: dict[str, Any] = {}
 @dataclasses.dataclass(frozen=True, slots=True)
 class PrepareResult:
     manifest: dict[str, Any]
-    verdict: Verdict
+    verdict: Verdict  # on the training shards: what `train` is gated on
     seconds: float
+    heldout: tuple[dict[str, Any], Verdict] | None = None  # the held-out shards' manifest and report
+
+
+def clear_staging(final: Path) -> None:
+    """Remove what an interrupted prepare left beside `final` (its hidden .new-PID / .old-PID dirs)."""
+    import shutil
+
+    for d in [*final.parent.glob(f".{final.name}.new-*"), *final.parent.glob(f".{final.name}.old-*")]:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -137,9 +139,40 @@ def prepare(
     completions: str | Path, out_dir: str | Path, tokenizer_path: str | Path, *, max_length: int = 4096,
     num_workers: int = 0, rows_per_shard: int = 8192, drop_degenerate: bool = True,
     doctor: DoctorConfig | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-    show_progress: bool = True,
+    show_progress: bool = True, heldout_share: float = 0.0, heldout_dir: str | Path | None = None,
+    inputs: dict[str, Any] | None = None,
 ) -> PrepareResult:
-    """Tokenise `completions` into shards under `out_dir` and run the doctor (verdict in the manifest)."""
+    """Tokenise `completions` into shards under `out_dir` and run the doctor (verdict in the manifest).
+    With `heldout_share` > 0, the conversations trainer/data/split.py holds out go to `heldout_dir`
+    instead, with their own manifest and doctor report (`PrepareResult.heldout`). `inputs` (what the
+    shards are made from, trainer/data/fresh.py) is recorded in the manifest. The shards are written
+    beside the old ones and swapped in when complete: a failed or killed prepare leaves the old ones."""
+    if heldout_share > 0 and heldout_dir is None:
+        raise DataError("prepare: a held-out share needs a held-out shards dir (data.heldout_shards)")
+    dirs = [Path(out_dir)] + ([Path(heldout_dir)] if heldout_share > 0 and heldout_dir else [])
+    for d in dirs:
+        clear_staging(d)
+    try:
+        result = _prepare(completions, staging_dir(out_dir), tokenizer_path, max_length=max_length,
+                          num_workers=num_workers, rows_per_shard=rows_per_shard,
+                          drop_degenerate=drop_degenerate, doctor=doctor,
+                          chat_template_kwargs=chat_template_kwargs, show_progress=show_progress,
+                          heldout_share=heldout_share, heldout_dir=heldout_dir, inputs=inputs or {})
+    except BaseException:
+        for d in dirs:
+            clear_staging(d)
+        raise
+    for d in dirs[::-1]:  # the held-out shards first: the training manifest names them
+        swap_in(staging_dir(d), d)
+    return result
+
+
+def _prepare(
+    completions: str | Path, staged: Path, tokenizer_path: str | Path, *, max_length: int,
+    num_workers: int, rows_per_shard: int, drop_degenerate: bool, doctor: DoctorConfig | None,
+    chat_template_kwargs: dict[str, Any] | None, show_progress: bool, heldout_share: float,
+    heldout_dir: str | Path | None, inputs: dict[str, Any],
+) -> PrepareResult:
     from tqdm import tqdm
 
     doctor = doctor or DoctorConfig()
@@ -148,49 +181,29 @@ def prepare(
     workers = num_workers or os.cpu_count() or 1
     total_bytes = sum(f.stat().st_size for f in files)
     t0 = time.perf_counter()
-    writer = ShardWriter(out_dir, rows_per_shard)
-    cols: dict[str, list[Any]] = {c: [] for c in SAMPLE_COLUMNS}
-    n_tokens = 0
+    train = Sink(staged, rows_per_shard, doctor, drop_degenerate, "training")
+    held = (Sink(staging_dir(heldout_dir), rows_per_shard, doctor, drop_degenerate, "heldout")
+            if heldout_share > 0 and heldout_dir is not None else None)
+    n = 0
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not show_progress,
               smoothing=0.1) as bar:
         for row in _rows(files, tok, str(tokenizer_path), max_length, workers, chat_template_kwargs, bar):
-            facts = {c: getattr(row, c) for c in SAMPLE_COLUMNS if c != "kept" and c != "length"}
-            facts["length"] = row.length
-            one = {k: [v] for k, v in facts.items()}
-            bad = degenerate_flags(one, doctor)[0]
-            keep = not (drop_degenerate and bad)
-            facts["kept"] = keep
-            for c, v in facts.items():
-                cols[c].append(v)
-            if keep:
-                writer.add(row.input_ids, row.loss_mask, row.id, row.turn)
-                n_tokens += row.length
-            n = len(cols["id"])
+            (held if held is not None and is_heldout(row.id, heldout_share) else train).add(row)
+            n += 1
             if n % 256 == 0:
                 bar.set_postfix(samples=n, rate=f"{n / (time.perf_counter() - t0):.0f}/s")
-    shards = writer.close()
-    samples_file = write_samples(out_dir, cols)
-    verdict = diagnose(cols, doctor)
+    meta = {"source": {"completions": str(completions), "files": [str(f) for f in files],
+                       "bytes": total_bytes},
+            "tokenizer": str(tokenizer_path), "max_length": max_length, "inputs": inputs}
+    held_manifest = held.close({**meta, "heldout_share": heldout_share}) if held is not None else None
+    split = {"share": heldout_share, "dir": str(heldout_dir), "records": held_manifest["counts"]["records"],
+             "rows": held_manifest["counts"]["rows"]} if held_manifest else {"share": 0.0}
+    manifest = train.close({**meta, "heldout": split})
     seconds = time.perf_counter() - t0
-    manifest = {
-        "format": FORMAT_VERSION,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "source": {"completions": str(completions), "files": [str(f) for f in files], "bytes": total_bytes},
-        "tokenizer": str(tokenizer_path),
-        "max_length": max_length,
-        "counts": {
-            "records": len(set(cols["id"])),
-            "samples": len(cols["id"]), "rows": len(writer.lengths),
-            "dropped_degenerate": len(cols["id"]) - len(writer.lengths), "tokens": n_tokens,
-            "supervised_tokens": sum(s for s, k in zip(cols["n_supervised"], cols["kept"], strict=True) if k),
-        },
-        "length_histogram": length_histogram(writer.lengths),
-        "shards": shards,
-        "samples": samples_file,
-        "doctor": verdict.to_json(data_digest(shards), doctor),
-        "seconds": round(seconds, 2),
-    }
-    write_json_atomic(Path(out_dir) / MANIFEST, manifest)
+    manifest["seconds"] = round(seconds, 2)
+    write_json_atomic(staged / MANIFEST, manifest)
     log.info("prepare: %d samples -> %d rows in %d shards (%.1f samples/s, %d workers)",
-             len(cols["id"]), len(writer.lengths), len(shards), len(cols["id"]) / max(seconds, 1e-9), workers)
-    return PrepareResult(manifest, verdict, seconds)
+             n, manifest["counts"]["rows"], len(manifest["shards"]), n / max(seconds, 1e-9), workers)
+    assert train.verdict is not None
+    heldout = (held_manifest, held.verdict) if held is not None and held_manifest else None
+    return PrepareResult(manifest, train.verdict, seconds, heldout)

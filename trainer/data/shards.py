@@ -85,6 +85,44 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     return data
 
 
+def staging_dir(final: str | Path) -> Path:
+    """Where a new set of shards is written beside `final` before `swap_in` (a hidden sibling)."""
+    final = Path(final)
+    return final.with_name(f".{final.name}.new-{os.getpid()}")
+
+
+def swap_in(staged: Path, final: Path) -> None:
+    """Put the finished `staged` dir at `final`, then delete the old one. Readers of `final` see the old
+    shards or the new ones, never a mix and never none: on Linux the two dirs are exchanged in one
+    renameat2(RENAME_EXCHANGE); where that is refused (non-Linux, some filesystems) the old dir is
+    renamed away and the new one renamed in, which leaves `final` missing for that instant only."""
+    import shutil
+
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if not final.exists():
+        os.rename(staged, final)
+        return
+    if _exchange(staged, final):
+        shutil.rmtree(staged)  # now holds the old shards
+        return
+    os.rename(final, old)
+    os.rename(staged, final)
+    shutil.rmtree(old)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE); False when the system refuses it."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 class ShardWriter:
     """Writes rows into numbered Arrow IPC shards of at most `rows_per_shard` rows."""
 

@@ -31,27 +31,24 @@ def s3_sync(s3: S3Config, url: str, concurrency: int | None = None, include: Any
 
 def stage(cfg: RunConfig) -> int:
     """prepare: fetch completions (if on S3), tokenise into shards, run the doctor, upload if asked."""
+    from trainer.data import fresh
     from trainer.data.prepare import prepare
-    from trainer.data.records import DataError, is_completion_file
+    from trainer.data.records import DataError
     from trainer.data.sync import SyncError
     from trainer.s3 import join_key
 
     layout = RunLayout.of(cfg)
     data = cfg.data
-    src = layout.completions
     out = layout.shards
     try:
-        if src.startswith("s3://"):
-            local = layout.fetched_completions
-            s3_sync(cfg.s3, src, include=is_completion_file).download(local)
-            src = str(local)
-        result = prepare(src, out, data.tokenizer or cfg.target.path, max_length=data.max_length,
+        src = local_completions(cfg, layout)
+        tokenizer = data.tokenizer or cfg.target.path
+        result = prepare(src, out, tokenizer, max_length=data.max_length,
                          num_workers=data.num_workers, rows_per_shard=data.rows_per_shard,
-                         drop_degenerate=data.drop_degenerate, doctor=data.doctor)
-        print(result.verdict.report, end="")
-        counts = result.manifest["counts"]
-        print(f"prepare: {counts['samples']} samples -> {counts['rows']} rows, {counts['tokens']} tokens "
-              f"in {len(result.manifest['shards'])} shards at {out} ({result.seconds:.1f}s)")
+                         drop_degenerate=data.drop_degenerate, doctor=data.doctor,
+                         heldout_share=data.heldout_share, heldout_dir=layout.heldout_shards,
+                         inputs=fresh.inputs(src, tokenizer, data, layout.heldout_shards))
+        report(result, out, layout.heldout_shards)
         if not result.verdict.passed:
             print(f"prepare: the doctor REFUSED {out}; `train` will not use it. Fix the data, or re-judge "
                   f"it with `python -m trainer doctor {out} --max-degenerate-share ...`", file=sys.stderr)
@@ -60,12 +57,59 @@ def stage(cfg: RunConfig) -> int:
             if not cfg.s3.enabled:
                 print("error: data.upload_shards is set but s3.bucket is empty", file=sys.stderr)
                 return EXIT_ERROR
-            url = f"s3://{cfg.s3.bucket}/{join_key(cfg.s3.prefix, data.shards)}"
-            s3_sync(cfg.s3, url).upload(out)
+            for local, rel in ((out, data.shards), (layout.heldout_shards, data.heldout_shards)):
+                if local == out or result.heldout is not None:
+                    s3_sync(cfg.s3, f"s3://{cfg.s3.bucket}/{join_key(cfg.s3.prefix, rel)}").upload(local)
     except (DataError, SyncError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     return 0
+
+
+def local_completions(cfg: RunConfig, layout: RunLayout) -> str:
+    """prepare's input as a local path: completions on S3 are downloaded (only what is not here yet)."""
+    from trainer.data.records import is_completion_file
+
+    src = layout.completions
+    if src.startswith("s3://"):
+        s3_sync(cfg.s3, src, include=is_completion_file).download(layout.fetched_completions)
+        return str(layout.fetched_completions)
+    return src
+
+
+def up_to_date(cfg: RunConfig) -> str | None:
+    """Why `run` may skip prepare: its shards are complete, made from these very completions, tokenizer
+    and settings, and passed by the doctor (trainer/data/fresh.py); None when it must run."""
+    from trainer.data import fresh
+    from trainer.data.records import DataError
+    from trainer.data.sync import SyncError
+
+    layout = RunLayout.of(cfg)
+    if not (layout.shards / "manifest.json").exists():
+        return None
+    try:
+        src = local_completions(cfg, layout)
+        want = fresh.inputs(src, cfg.data.tokenizer or cfg.target.path, cfg.data, layout.heldout_shards)
+    except (DataError, SyncError, OSError):
+        return None  # the stage itself reports what is wrong
+    return fresh.done_reason(layout.shards, layout.heldout_shards, want)
+
+
+def report(result: Any, out: Path, heldout: Path) -> None:
+    """The doctor's report on the training shards (what `train` is gated on), then on the held-out ones."""
+    print(result.verdict.report, end="")
+    counts = result.manifest["counts"]
+    print(f"prepare: {counts['samples']} samples -> {counts['rows']} rows, {counts['tokens']} tokens "
+          f"in {len(result.manifest['shards'])} shards at {out} ({result.seconds:.1f}s)")
+    if result.heldout is None:
+        print("prepare: no held-out split (data.heldout_share 0): eval scores samples training saw")
+        return
+    manifest, verdict = result.heldout
+    held = manifest["counts"]
+    print(f"prepare: held out {held['records']} conversations ({held['rows']} rows, data.heldout_share "
+          f"{manifest['heldout_share']}) at {heldout}; training never reads them. Their doctor report "
+          f"(informational, training is gated on the report above):")
+    print(verdict.report, end="")
 
 
 def doctor(data: Path, cfg: DoctorConfig, *, tokenizer: str | None = None, max_length: int = 4096,

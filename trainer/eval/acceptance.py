@@ -8,6 +8,7 @@ mean, the histogram over 1..B and per-slot greedy accuracy.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import logging
@@ -21,6 +22,9 @@ from trainer.config import RunConfig
 from trainer.layout import RunLayout
 
 log = logging.getLogger(__name__)
+SPLITS = {"heldout": "held-out samples (never trained on)",
+          "training": "TRAINING samples (in-sample: data.heldout_share is 0)",
+          "eval.shards": "eval.shards"}
 
 
 @dataclasses.dataclass
@@ -33,6 +37,8 @@ class EvalResult:
     tau_histogram: dict[int, int]  # tau -> number of blocks
     slot_acc: list[float]  # greedy accuracy of slots 1..B-1 (no chain)
     seconds: float
+    shards: str = ""  # the shards scored
+    split: str = ""  # "heldout" (never trained on), "training" (in-sample) or "eval.shards"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -78,6 +84,11 @@ def evaluate(cfg: RunConfig, checkpoint: str | Path | None = None) -> EvalResult
     drafter, step = load_drafter(ck, target, rt.device)
     b = drafter.arch.block_size
     ds = ShardDataset.open(layout.eval_shards)
+    if not len(ds):
+        raise FileNotFoundError(
+            f"{layout.eval_shards} ({layout.eval_split}) holds no rows to score"
+            + (f": data.heldout_share {cfg.data.heldout_share} held out no conversation; raise it or set "
+               f"eval.shards" if layout.eval_split == "heldout" else ""))
     n = min(cfg.eval.max_samples, len(ds))
     arch = drafter.arch
     dcfg = DrafterConfig(num_layers=arch.num_layers, block_size=b, mask_token_id=arch.mask_token_id,
@@ -87,9 +98,17 @@ def evaluate(cfg: RunConfig, checkpoint: str | Path | None = None) -> EvalResult
     taus, correct, count = [], torch.zeros(b - 1), torch.zeros(b - 1)
     from tqdm import tqdm
 
+    from trainer.data.sampler import default_boundaries
+
+    # each sample padded to its length bucket's bound (right padding changes no score): one compiled
+    # flex kernel per bucket, as in training, instead of one per distinct length
+    bounds = default_boundaries(cfg.data.max_length)
+    dev.configure_compile(num_shapes=len(bounds))
     with torch.no_grad():
         for i in tqdm(range(n), desc="eval", unit="sample", disable=n < 8):
-            batch = collate([ds[i]], device=rt.device, max_length=cfg.data.max_length)
+            row = ds[i]
+            pad = bounds[bisect.bisect_left(bounds, min(len(row["input_ids"]), cfg.data.max_length))]
+            batch = collate([row], device=rt.device, max_length=cfg.data.max_length, pad_to=pad)
             with dev.autocast(rt):
                 out = dflash_forward(batch, target, drafter, dcfg, lcfg, generator=gen, train=False)
             valid = out.blocks.valid.reshape(1, -1, b)[..., 1:]
@@ -102,7 +121,7 @@ def evaluate(cfg: RunConfig, checkpoint: str | Path | None = None) -> EvalResult
     hist = {int(k): int((tau == k).sum()) for k in range(1, b + 1)}
     res = EvalResult(str(ck), step, n, int(tau.numel()), float(tau.float().mean()) if tau.numel() else 0.0,
                      hist, [round(float(x), 4) for x in correct / count.clamp(min=1)],
-                     round(time.perf_counter() - t0, 2))
+                     round(time.perf_counter() - t0, 2), str(layout.eval_shards), layout.eval_split)
     return res
 
 
@@ -116,7 +135,8 @@ def write_result(cfg: RunConfig, res: EvalResult) -> Path:
 def format_result(res: EvalResult) -> str:
     width = max(res.tau_histogram.values() or [1])
     lines = [f"checkpoint {res.checkpoint} (step {res.step}): tau {res.tau_mean:.3f} over {res.blocks} "
-             f"blocks of {res.samples} samples ({res.seconds:.1f}s)"]
+             f"blocks of {res.samples} samples ({res.seconds:.1f}s)",
+             f"  scored on {SPLITS.get(res.split, res.split)}: {res.shards}"]
     for k, c in res.tau_histogram.items():
         lines.append(f"  tau={k:>2} {c:>7} {'#' * round(40 * c / max(1, width))}")
     lines.append("  slot acc: " + " ".join(f"{a:.2f}" for a in res.slot_acc))

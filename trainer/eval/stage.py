@@ -12,11 +12,12 @@ log = logging.getLogger(__name__)
 
 def stage(cfg: RunConfig, checkpoint: str | None = None) -> int:
     """Evaluate `checkpoint` (default: the run's latest)."""
+    from trainer.data.shards import DataRefused
     from trainer.eval.acceptance import evaluate, format_result, write_result
 
     try:
         res = evaluate(cfg, checkpoint)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, DataRefused) as e:
         log.error("eval: %s", e)
         return 2
     print(format_result(res))

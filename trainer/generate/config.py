@@ -39,6 +39,9 @@ class GenerateConfig:
     api_key_env: str = "SGLANG_API_KEY"  # env var holding the endpoints' API key ("" or unset = none)
     request_timeout_s: float = 3600.0  # one completion; a timeout puts the endpoint aside
     connect_timeout_s: float = 10.0
+    # idle seconds after which a pooled connection is not reused; below the servers' own keep-alive
+    # (SGLang closes idle connections after SGLANG_TIMEOUT_KEEP_ALIVE = 5 s)
+    keepalive_s: float = 4.0
     max_attempts: int = 5  # server errors (5xx, bad body) per prompt before it is rejected
     failures_to_down: int = 3  # consecutive 5xx that put an endpoint aside (timeouts/resets: at once)
     backoff_initial_s: float = 1.0  # endpoint/S3 backoff, doubled per failure up to backoff_max_s
@@ -46,7 +49,13 @@ class GenerateConfig:
     all_down_timeout_s: float = 1800.0  # fail the run when no endpoint was healthy for this long
     retry_flagged: bool = False  # retry finish_reason=length / empty answers once with retry_max_tokens
     retry_max_tokens: int = 0  # 0 = 2 * max_tokens
-    max_prompt_chars: int = 400_000  # longer prompts are rejected (no tokenizer in the client)
+    max_prompt_chars: int = 400_000  # longer prompts are rejected before any tokenizer is involved
+    # Token budget: the training length the completions are for (data.max_length of the run that trains
+    # on them); each request asks for at most this minus its prompt's tokens (the target's tokenizer
+    # and chat template), capped by max_tokens. 0 = off: every request asks for max_tokens.
+    budget_tokens: int = 0
+    budget_min_tokens: int = 128  # fewer new tokens left: a first turn is skipped, a later one ends it
+    tokenizer: str = ""  # tokenizer dir for the budget; "" = target.path
     shard_records: int = 2000  # records per output shard
     format: Literal["jsonl.zst", "jsonl"] = "jsonl.zst"
     s3_upload: bool = True  # upload shards + manifest when the run has s3.bucket
@@ -58,11 +67,12 @@ class GenerateConfig:
                 raise ValueError(f"endpoints: {url!r} is not an http(s):// base URL")
         positive = ("max_tokens", "default_concurrency", "max_attempts", "failures_to_down", "shard_records",
                     "request_timeout_s", "connect_timeout_s", "backoff_initial_s", "backoff_max_s",
-                    "all_down_timeout_s", "max_prompt_chars", "progress_interval_s")
+                    "all_down_timeout_s", "max_prompt_chars", "progress_interval_s", "keepalive_s",
+                    "budget_min_tokens")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("concurrency", "retry_max_tokens"):
+        for name in ("concurrency", "retry_max_tokens", "budget_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.temperature <= 2.0:
@@ -73,6 +83,9 @@ class GenerateConfig:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be within [0, 1], got {self.min_p}")
+        if self.budget_tokens and self.budget_tokens <= self.budget_min_tokens:
+            raise ValueError(f"budget_tokens ({self.budget_tokens}) must exceed budget_min_tokens "
+                             f"({self.budget_min_tokens}), or be 0 (no budget)")
 
     @property
     def retry_budget(self) -> int:

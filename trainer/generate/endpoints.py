@@ -41,6 +41,9 @@ class Reply:
 # (timeouts first: aiohttp's ServerTimeoutError is both a TimeoutError and a ClientError)
 TIMEOUT_ERRORS = (TimeoutError,)
 TRANSPORT_ERRORS = (aiohttp.ClientError,)
+# a pooled connection that the server closed while it sat idle: the request fails before any byte of
+# an answer (the server dropped it unread); it is worth one retry on a fresh connection
+STALE_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 class FatalEndpointError(RuntimeError):
@@ -152,6 +155,7 @@ class Endpoint:
         self.window_reason = "generate.concurrency" if cfg.concurrency else "not probed yet"
         self.parses_reasoning: bool | None = None
         self._session: aiohttp.ClientSession | None = None  # made in the event loop, on first use
+        self._fresh: aiohttp.ClientSession | None = None  # one new connection per request (retries)
         self._timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s,
                                               sock_connect=cfg.connect_timeout_s,
                                               sock_read=cfg.request_timeout_s)
@@ -168,23 +172,57 @@ class Endpoint:
         self.errors = 0
         self.downs = 0
         self.tokens_out = 0
+        self.stale_retries = 0  # requests retried on a fresh connection (see `post`)
+
+    def _new_session(self, **connector: Any) -> aiohttp.ClientSession:
+        tls = ssl_context() if self.url.startswith("https:") else True
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=tls, **connector),
+                                     headers=self.headers, timeout=self._timeout, raise_for_status=False)
 
     def session(self) -> aiohttp.ClientSession:
         """The endpoint's keep-alive pool (aiohttp: C-accelerated HTTP parsing, ~0.6 ms of client CPU per
-        completion against ~1.7 ms with httpx/httpcore). No connection limit: the window is the limit."""
+        completion against ~1.7 ms with httpx/httpcore). No connection limit: the window is the limit.
+        A connection idle for `generate.keepalive_s` is not reused: that must stay below the server's
+        own keep-alive (SGLang closes idle connections after SGLANG_TIMEOUT_KEEP_ALIVE, 5 s), or a
+        request may go out on a connection the server is closing."""
         if self._session is None or self._session.closed:
-            tls = ssl_context() if self.url.startswith("https:") else True
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ssl=tls),
-                headers=self.headers, timeout=self._timeout, raise_for_status=False)
+            self._session = self._new_session(keepalive_timeout=self.cfg.keepalive_s)
         return self._session
+
+    def fresh_session(self) -> aiohttp.ClientSession:
+        """A session that opens a new connection for every request and closes it after."""
+        if self._fresh is None or self._fresh.closed:
+            self._fresh = self._new_session(force_close=True)
+        return self._fresh
 
     async def post(self, path: str, body: dict[str, Any]) -> Reply:
         """POST a JSON body; the whole answer is read (non-streaming). A cancelled request's connection
-        is closed, never reused."""
-        async with self.session().post(self.base + path, data=json.dumps(body).encode(),
-                                       headers={"Content-Type": "application/json"}) as r:
+        is closed, never reused. A request that fails before any byte of the answer on a pooled
+        connection (the server closed it while idle) is sent once more on a fresh connection; what
+        that one raises is the caller's to judge."""
+        data = json.dumps(body).encode()
+        answered = False
+        try:
+            async with self.session().post(self.base + path, data=data,
+                                           headers={"Content-Type": "application/json"}) as r:
+                answered = True
+                return Reply(r.status, await r.read())
+        except STALE_ERRORS as e:
+            if answered or isinstance(e, aiohttp.ClientConnectorError):
+                raise  # an answer was under way, or no connection could be made at all
+        self.stale_retries += 1
+        async with self.fresh_session().post(self.base + path, data=data,
+                                             headers={"Content-Type": "application/json"}) as r:
             return Reply(r.status, await r.read())
+
+    async def health_ok(self) -> bool:
+        """GET /health on a fresh connection: does the server itself answer (after a request failed)?"""
+        try:
+            async with self.fresh_session().get(self.base + "/health", timeout=self._probe_timeout) as r:
+                await r.read()
+                return r.status == 200
+        except TRANSPORT_ERRORS + TIMEOUT_ERRORS:
+            return False
 
     @property
     def load(self) -> float:
@@ -286,20 +324,23 @@ class Endpoint:
         return f"{self.url} {self.inflight}/{self.capacity}"
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
     def drop_connections(self) -> None:
         """Forget the pooled connections (after an outage they point at a dead server); the next request
         opens a fresh pool. The requests in flight on the old one are being cancelled by the caller."""
-        old, self._session = self._session, None
-        if old is not None:
-            task = asyncio.get_running_loop().create_task(old.close())
-            self._closing.add(task)  # the loop holds tasks weakly
-            task.add_done_callback(self._closing.discard)
+        for old in (self._session, self._fresh):
+            if old is not None:
+                task = asyncio.get_running_loop().create_task(old.close())
+                self._closing.add(task)  # the loop holds tasks weakly
+                task.add_done_callback(self._closing.discard)
+        self._session = self._fresh = None
 
     def stats(self) -> dict[str, Any]:
         return {"completed": self.completed, "errors": self.errors, "downs": self.downs,
+                "stale_retries": self.stale_retries,
                 "tokens_out": self.tokens_out, "capacity": self.capacity, "window": self.window_reason,
                 "state": "disabled" if self.disabled else ("up" if self.up else "down")}

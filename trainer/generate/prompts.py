@@ -1,5 +1,8 @@
 """Prompt files -> conversations to regenerate (original assistant turns dropped) or rejects with a reason.
 
+A prompt keeps the system and user turns in order; each user turn is answered in turn, with the
+conversation so far (trainer/generate/turns.py), so a conversation with k user turns takes k requests.
+
 Accepted line formats (one JSON object per line, files *.jsonl or *.jsonl.zst, or a directory of them):
   OpenAI:   {"id": ..., "messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
   ShareGPT: {"id": ..., "conversations": [{"from": "system"|"human"|"gpt", "value": ...}, ...]}
@@ -27,7 +30,7 @@ SUFFIXES = (".jsonl", ".jsonl.zst", ".json", ".ndjson")
 @dataclasses.dataclass(frozen=True, slots=True)
 class Prompt:
     id: str
-    messages: tuple[dict[str, str], ...]  # system/user turns only, in order
+    messages: tuple[dict[str, str], ...]  # system/user turns only, in order; each user turn is asked
     chars: int
 
 

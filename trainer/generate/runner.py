@@ -1,26 +1,31 @@
-"""The dispatch loop: prompts -> least-loaded healthy endpoint -> the local spool (exactly once).
+"""The dispatch loop: conversations -> least-loaded healthy endpoint -> the local spool (exactly once).
 
-Each endpoint has a window (its capacity); a prompt goes to the healthy endpoint with the lowest
-in-flight/capacity ratio that has room. Outcomes of a request:
-  200            the completion is written to the spool (or, when flagged and `retry_flagged`, re-queued
-                 once with the larger budget);
+Each endpoint has a window (its capacity); a conversation goes to the healthy endpoint with the lowest
+in-flight/capacity ratio that has room, or back to the endpoint of its earlier turns when that one has
+room (SGLang's prefix cache holds them). It holds one slot there while its turns are asked one after
+the other (trainer/generate/turns.py), so a slot is one request in flight. Outcomes of a request:
+  200            the answer is appended; after the last turn (or a turn cut at its limit) the whole
+                 conversation is written to the spool. A flagged turn, with `retry_flagged`, is asked
+                 once more with the larger budget;
   200 + abort    finish_reason "abort" (SGLang's /abort_request, pause or weight update with abort,
-                 scheduler shutdown) carries partial text: never written, re-queued as one of the
-                 prompt's `max_attempts`;
-  timeout/reset  the endpoint is put aside with backoff, its in-flight requests are cancelled and
-                 re-queued, and it gets work again only after GET /health answers (a timeout also
-                 counts as one of the prompt's `max_attempts`);
-  429/5xx        re-queued; `failures_to_down` in a row put the endpoint aside; a prompt that fails
-                 `max_attempts` times is rejected with the last error;
+                 scheduler shutdown) carries partial text: never kept, the turn is asked again (one of
+                 its `max_attempts`);
+  reset          the request was already sent once more on a fresh connection when it failed before
+                 any answer (trainer/generate/endpoints.py). If GET /health still answers, only the
+                 turn is re-queued (one of its `max_attempts`); else the endpoint is put aside;
+  timeout        the endpoint is put aside (the turn's attempt counts);
+  put aside      with backoff: its in-flight requests are cancelled and re-queued, and it gets work
+                 again only after GET /health answers;
+  429/5xx        re-queued; `failures_to_down` in a row put the endpoint aside; a turn that fails
+                 `max_attempts` times rejects the conversation with the last error;
   401/403/404    the endpoint is disabled for the run (configuration error; on the /health probe too);
-  other 4xx      the prompt is rejected with the endpoint's message (e.g. over the context length).
+  other 4xx      the conversation is rejected with the endpoint's message (e.g. over the context length).
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
@@ -41,6 +46,7 @@ from trainer.generate.progress import Progress
 from trainer.generate.prompts import Prompt, Reject
 from trainer.generate.remote import S3Mirror
 from trainer.generate.store import ShardStore
+from trainer.generate.turns import Budget, Work, skip_line
 
 log = logging.getLogger("trainer.generate")
 
@@ -49,19 +55,11 @@ class GenerateError(RuntimeError):
     """The run cannot go on (no endpoint left, S3 never came back ...)."""
 
 
-@dataclasses.dataclass(slots=True)
-class Work:
-    prompt: Prompt
-    max_tokens: int
-    attempts: int = 0
-    retried_flagged: bool = False
-    last_error: str = ""
-
-
 class Generator:
     def __init__(self, cfg: GenerateConfig, model: str, endpoints: list[Endpoint], store: ShardStore,
                  source: Iterator[Prompt | Reject], rejects_path: Path,
-                 mirror: S3Mirror | None = None) -> None:
+                 mirror: S3Mirror | None = None, progress_path: Path | None = None,
+                 budget: Budget | None = None, skipped_path: Path | None = None) -> None:
         self.cfg = cfg
         self.model = model
         self.endpoints = endpoints
@@ -71,10 +69,12 @@ class Generator:
         self.mirror = mirror
         self.queue: collections.deque[Work] = collections.deque()
         self.wake = asyncio.Event()
-        self.progress = Progress(endpoints, cfg.progress_interval_s)
+        self.progress = Progress(endpoints, cfg.progress_interval_s, progress_path)
         self.background: set[asyncio.Task] = set()
         self.seals: set[asyncio.Task] = set()
         self.rejects = rejects_path.open("w", encoding="utf-8")
+        self.budget = budget or Budget(0, 0, "", cfg.enable_thinking)
+        self.skipped = (skipped_path or rejects_path.with_name("skipped.ndjson")).open("w", encoding="utf-8")
         self.no_endpoint_since: float | None = None
 
     # ------------------------------------------------------------------ feeding
@@ -96,25 +96,28 @@ class Generator:
             else:
                 self.queue.append(Work(item, self.cfg.max_tokens))
 
-    def _pick(self) -> Endpoint | None:
+    def _pick(self, work: Work) -> Endpoint | None:
+        if work.pinned is not None and work.pinned.free():
+            return work.pinned  # the endpoint whose prefix cache holds the earlier turns
         free = [e for e in self.endpoints if e.free()]
         return min(free, key=lambda e: e.load) if free else None
 
     def _dispatch(self) -> None:
         while self.queue:
-            ep = self._pick()
+            ep = self._pick(self.queue[0])
             if ep is None:
                 return
             work = self.queue.popleft()
+            work.pinned = ep
             ep.inflight += 1
             task = asyncio.create_task(self._request(ep, work))
             ep.tasks.add(task)
             task.add_done_callback(functools.partial(self._request_done, ep, work))
 
     # ------------------------------------------------------------------ one request
-    def _body(self, work: Work) -> dict[str, Any]:
+    def _body(self, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
         # every sampling field is sent: SGLang fills an omitted one from the model's generation_config
-        return {"model": self.model, "messages": list(work.prompt.messages), "max_tokens": work.max_tokens,
+        return {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "top_k": self.cfg.top_k,
                 "min_p": self.cfg.min_p, "stream": False,
                 "chat_template_kwargs": {"enable_thinking": self.cfg.enable_thinking},
@@ -149,25 +152,42 @@ class Generator:
         self._spawn(self._recover(ep))
 
     async def _call(self, ep: Endpoint, work: Work) -> None:
+        """Ask the conversation's turns one after the other on `ep`; write it when done."""
+        while True:
+            messages = work.so_far()
+            max_tokens, prompt_tokens = self.budget.max_tokens(messages, work.max_tokens)
+            if not max_tokens:
+                self._out_of_budget(ep, work, prompt_tokens or 0)
+                return
+            comp = await self._ask(ep, work, self._body(messages, max_tokens))
+            if comp is None:
+                return  # re-queued, rejected or put aside: _ask has dealt with it
+            if not self._turn(ep, work, comp):
+                return
+            if work.done():
+                self._finish(ep, work)
+                return
+
+    async def _ask(self, ep: Endpoint, work: Work, body: dict[str, Any]) -> Any:
+        """One request; the parsed answer, or None when the outcome was handled here."""
         try:
-            r = await ep.post("/v1/chat/completions", self._body(work))
+            r = await ep.post("/v1/chat/completions", body)
         except TIMEOUT_ERRORS as e:
             ep.errors += 1
             # a prompt that times out everywhere must not bounce between endpoints forever
             self._attempt_failed(ep, work, f"timeout after {self.cfg.request_timeout_s:.0f}s")
             self._put_aside(ep, f"timeout ({type(e).__name__})")
-            return
+            return None
         except TRANSPORT_ERRORS as e:
             ep.errors += 1
-            self._requeue(work)
-            self._put_aside(ep, f"{type(e).__name__}: {e}")
-            return
+            await self._transport_error(ep, work, f"{type(e).__name__}: {e}")
+            return None
         if r.status_code == 200:
             try:
                 comp = parse_completion(r.json(), ep.parses_reasoning)
             except ValueError as e:
                 self._server_error(ep, work, f"bad response body: {e}")
-                return
+                return None
             ep.consecutive_failures = 0
             ep.backoff = 0.0
             if comp.finish_reason == "abort":
@@ -176,9 +196,9 @@ class Generator:
                 self.progress.c.aborted += 1
                 tokens = comp.usage.get("completion_tokens")
                 self._attempt_failed(ep, work, f"finish_reason abort after {tokens} tokens")
-                return
-            self._finish(ep, work, comp)
-        elif r.status_code in (401, 403, 404):
+                return None
+            return comp
+        if r.status_code in (401, 403, 404):
             ep.errors += 1
             self._requeue(work)
             ep.disabled = f"HTTP {r.status_code} on {ep.base}/v1/chat/completions: {r.text[:200]}"
@@ -191,6 +211,19 @@ class Generator:
             self.progress.c.rejected_by_endpoint += 1
             self._reject(Reject("endpoint", 0, f"{ep.url} answered HTTP {r.status_code}: {r.text[:300]}",
                                 work.prompt.id))
+        return None
+
+    async def _transport_error(self, ep: Endpoint, work: Work, reason: str) -> None:
+        """A request failed on a fresh connection too: the instance is put aside only when its /health
+        fails as well; otherwise the connection was at fault and only the turn is asked again."""
+        if await ep.health_ok():
+            self.progress.c.transport_errors += 1
+            log.warning("endpoint %s: a request failed (%s) but /health answers; the turn is asked again",
+                        ep.url, reason[:200])
+            self._attempt_failed(ep, work, reason)
+            return
+        self._requeue(work)
+        self._put_aside(ep, reason)
 
     def _attempt_failed(self, ep: Endpoint, work: Work, reason: str) -> None:
         """Count a failed attempt; re-queue the prompt, or reject it after `max_attempts`."""
@@ -211,7 +244,8 @@ class Generator:
         if ep.consecutive_failures >= self.cfg.failures_to_down:
             self._put_aside(ep, f"{self.cfg.failures_to_down} server errors in a row, last {reason[:120]}")
 
-    def _finish(self, ep: Endpoint, work: Work, comp: Any) -> None:
+    def _turn(self, ep: Endpoint, work: Work, comp: Any) -> bool:
+        """Keep an answered turn; False when it was re-queued to be asked again with the larger budget."""
         flag = comp.flag
         if flag:
             if self.cfg.retry_flagged and not work.retried_flagged:
@@ -219,16 +253,29 @@ class Generator:
                 work.max_tokens = max(work.max_tokens, self.cfg.retry_budget)
                 self.progress.c.retried_flagged += 1
                 self.queue.appendleft(work)
-                return
+                return False
             self.progress.c.flagged[flag] += 1
         tokens = int(comp.usage.get("completion_tokens") or 0)
-        answer = {"role": "assistant", "content": comp.content, "reasoning_content": comp.reasoning}
-        record = {"id": work.prompt.id, "messages": [*work.prompt.messages, answer],
-                  "endpoint": ep.url, "finish_reason": comp.finish_reason, "usage": comp.usage}
-        full = self.store.write(record)
-        ep.completed += 1
         ep.tokens_out += tokens
-        self.progress.completed(tokens)
+        self.progress.answered(tokens)
+        work.answered({"role": "assistant", "content": comp.content, "reasoning_content": comp.reasoning},
+                      {"finish_reason": comp.finish_reason, "usage": comp.usage, "endpoint": ep.url})
+        work.max_tokens = self.cfg.max_tokens
+        return True
+
+    def _out_of_budget(self, ep: Endpoint, work: Work, prompt_tokens: int) -> None:
+        """The budget leaves too little for the next turn: skip a new conversation, end a started one."""
+        if work.answers:
+            self._finish(ep, work, stopped="budget")
+            return
+        self.skipped.write(skip_line(work.prompt, prompt_tokens, self.budget) + "\n")
+        self.skipped.flush()
+        self.progress.c.skipped_budget += 1
+
+    def _finish(self, ep: Endpoint, work: Work, stopped: str = "") -> None:
+        full = self.store.write(work.record(stopped))
+        ep.completed += 1
+        self.progress.completed()
         if full is not None:
             self._seal(full)
 
@@ -289,7 +336,7 @@ class Generator:
     async def run(self, total: int) -> dict[str, Any]:
         """Generate every prompt not yet done; returns the summary."""
         uploader = self.mirror.start() if self.mirror is not None else None
-        self.progress.start(total)
+        self.progress.start(total, already_done=len(self.store.done))
         ticker = asyncio.create_task(self.progress.run())
         try:
             await self._probe_all()
@@ -314,6 +361,7 @@ class Generator:
             for task in [*self.background, *(t for e in self.endpoints for t in e.tasks)]:
                 task.cancel()
             self.rejects.close()
+            self.skipped.close()
             self.progress.close()
             for ep in self.endpoints:
                 await ep.aclose()

@@ -124,7 +124,8 @@ def _generate(cfg: RunConfig, layout: RunLayout, store: Any) -> int:
     api_key = os.environ.get(g.api_key_env, "") if g.api_key_env else ""
     endpoints = [Endpoint(u, g, api_key) for u in g.endpoints]
     gen = Generator(g, model_name(cfg), endpoints, store, read_prompts(files, g.max_prompt_chars),
-                    layout.generate_rejects, mirror)
+                    layout.generate_rejects, mirror, progress_path=layout.generate_progress,
+                    budget=budget(cfg), skipped_path=layout.generate_skipped)
     try:
         summary = asyncio.run(gen.run(total))
     except GenerateError as e:
@@ -135,4 +136,24 @@ def _generate(cfg: RunConfig, layout: RunLayout, store: Any) -> int:
     if summary["rejected"]:
         log.warning("generate: %d prompts rejected, reasons in %s", summary["rejected"],
                     layout.generate_rejects)
+    if summary["skipped_budget"]:
+        log.warning("generate: %d conversations not sent: the token budget left less than "
+                    "generate.budget_min_tokens for their first turn (listed in %s)",
+                    summary["skipped_budget"], layout.generate_skipped)
     return 0
+
+
+def budget(cfg: RunConfig) -> Any:
+    """The token budget of each request (off when generate.budget_tokens is 0)."""
+    from trainer.generate.turns import Budget, BudgetError
+
+    g = cfg.generate
+    try:
+        b = Budget(g.budget_tokens, g.budget_min_tokens, g.tokenizer or cfg.target.path, g.enable_thinking)
+    except BudgetError as e:
+        raise ConfigError(str(e)) from None
+    if g.budget_tokens:
+        log.info("generate: token budget %d per sample (generate.budget_tokens): each request asks for "
+                 "at most that minus its prompt's tokens, capped by max_tokens %d",
+                 g.budget_tokens, g.max_tokens)
+    return b

@@ -8,6 +8,7 @@ Layout under the output dir (only finished shards sit at the top level, for prep
     _state/manifest/part-00000-1a2b3c.json sidecar per sealed shard: sha256, bytes, records, ids
     _state/uploaded                   names of the shards already on S3, one per line
     _state/rejects.ndjson             rejected prompts with the reason (rewritten each run)
+    _state/progress.json              done/total, rates, ETA (trainer/generate/progress.py, each tick)
 
 A completion counts as done once its line is in a shard file. Each line is written with one write()
 and flushed, so a kill -9 loses at most the line being written (a torn last line is dropped on
