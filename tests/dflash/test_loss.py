@@ -101,7 +101,7 @@ def test_dpace_replaces_the_decay_in_the_loss() -> None:
 
 def test_kl_is_zero_when_draft_logits_equal_target_logits() -> None:
     torch.manual_seed(0)
-    head = torch.nn.Linear(8, 32, bias=False)
+    head = torch.nn.Linear(8, 32, bias=False).requires_grad_(False)
     h = torch.randn(10, 8, requires_grad=True)
     labels = torch.randint(0, 32, (10,))
     tl = token_losses(h, labels, head, chunk_rows=4, verifier=head, target_rows=h.detach(), need_kl=True)
@@ -113,7 +113,7 @@ def test_kl_is_zero_when_draft_logits_equal_target_logits() -> None:
 
 def test_chunked_losses_equal_unchunked_and_backprop() -> None:
     torch.manual_seed(0)
-    head = torch.nn.Linear(8, 32, bias=False)
+    head = torch.nn.Linear(8, 32, bias=False).requires_grad_(False)
     h = torch.randn(13, 8, requires_grad=True)
     labels = torch.randint(0, 32, (13,))
     ref = torch.nn.functional.cross_entropy(head(h), labels, reduction="none")
@@ -123,8 +123,18 @@ def test_chunked_losses_equal_unchunked_and_backprop() -> None:
     assert torch.allclose(torch.autograd.grad(tl.ce.sum(), h)[0], g_ref, atol=1e-6)
 
 
+def test_no_rows_give_empty_losses() -> None:
+    head = torch.nn.Linear(4, 6, bias=False).requires_grad_(False)
+    h = torch.zeros(0, 4, requires_grad=True)
+    tl = token_losses(h, torch.zeros(0, dtype=torch.long), head, chunk_rows=2, verifier=head,
+                      target_rows=torch.zeros(0, 4), need_kl=True)
+    assert tl.ce.shape == tl.kl.shape == tl.pred.shape == tl.label.shape == (0,)
+    (tl.ce.sum() + tl.kl.sum()).backward()
+    assert h.grad is not None and h.grad.shape == (0, 4)
+
+
 def test_target_labels_come_from_verifier_argmax() -> None:
-    head = torch.nn.Linear(4, 6, bias=False)
+    head = torch.nn.Linear(4, 6, bias=False).requires_grad_(False)
     h = torch.randn(3, 4)
     tl = token_losses(h, torch.zeros(3, dtype=torch.long), head, chunk_rows=8, verifier=head,
                       target_rows=h, use_target_labels=True)
@@ -151,9 +161,24 @@ def test_acceptance_is_cumprod_not_product_of_accuracies() -> None:
 def test_noise_is_annealed_to_zero() -> None:
     x = torch.zeros(2, 5, 4)
     cfg = LossConfig(noise="gaussian", noise_std=0.5)
-    g = torch.Generator().manual_seed(0)
-    assert feature_noise(x, cfg, 0.0, g).std().item() == pytest.approx(0.5, rel=0.5)
-    assert torch.equal(feature_noise(x, cfg, 1.0, g), x)
-    u = feature_noise(x, LossConfig(noise="uniform", noise_std=0.5, noise_anneal=False), 0.7, g)
+    assert feature_noise(x, cfg, 0.0, seed=0).std().item() == pytest.approx(0.5, rel=0.5)
+    assert feature_noise(x, cfg, 0.5, seed=0).std().item() == pytest.approx(0.25, rel=0.5)
+    assert torch.equal(feature_noise(x, cfg, 1.0, seed=0), x)
+    u = feature_noise(x, LossConfig(noise="uniform", noise_std=0.5, noise_anneal=False), 0.7, seed=0)
     assert u.abs().max().item() <= 0.5 * math.sqrt(3) + 1e-6
-    assert torch.equal(feature_noise(x, LossConfig(), 0.0, g), x)
+    assert torch.equal(feature_noise(x, LossConfig(), 0.0, seed=0), x)
+
+
+def test_noise_is_a_function_of_its_seed() -> None:
+    x = torch.zeros(64, 32)
+    cfg = LossConfig(noise="gaussian", noise_std=1.0, noise_anneal=False)
+    assert torch.equal(feature_noise(x, cfg, 0.0, seed=7), feature_noise(x, cfg, 0.0, seed=7))
+    assert not torch.equal(feature_noise(x, cfg, 0.0, seed=7), feature_noise(x, cfg, 0.0, seed=8))
+    # no seed: one is drawn from the generator, so equal generators give equal noise
+    a = feature_noise(x, cfg, 0.0, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, feature_noise(x, cfg, 0.0, generator=torch.Generator().manual_seed(1)))
+    # no noise to add: the generator is left untouched (anchor sampling after it stays the same)
+    g = torch.Generator().manual_seed(1)
+    feature_noise(x, LossConfig(), 0.0, generator=g)
+    feature_noise(x, LossConfig(noise="gaussian", noise_std=1.0), 1.0, generator=g)
+    assert torch.equal(g.get_state(), torch.Generator().manual_seed(1).get_state())

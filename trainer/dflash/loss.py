@@ -1,20 +1,23 @@
 """DFlash losses: hard-label CE with exp(-(k-1)/gamma) decay, soft-label KL to the target, D-PACE
 streak-aware weights (instead of the decay, never on top of it), context-feature noise; lm_head + loss
-in activation-checkpointed chunks.
+fused and chunked.
 
 The draft logits are N*B x vocab (about 4 GB in bf16 per sample at 512 anchors x 16 x 248K), so they are
-never materialised whole: `token_losses` runs lm_head + log-softmax over chunks of rows inside
-`torch.utils.checkpoint`, keeping only per-row scalars; backward recomputes one chunk at a time.
+never materialised whole: `token_losses` runs lm_head + log-softmax over chunks of rows and keeps only
+per-row values: CE, KL, argmax, and the gradients of CE and KL with respect to the row's hidden state,
+computed in the forward (the lm_head is frozen, so d/dh is all backward needs). The drafter's lm_head
+and the verifier's (the target's final norm + lm_head) each run once per chunk; nothing is recomputed.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch import nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 from trainer.dflash.config import LossConfig
 
@@ -52,20 +55,30 @@ def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.
     return torch.flip(torch.cumsum(torch.flip(p, [-1]), -1), [-1])
 
 
-def feature_noise(features: torch.Tensor, cfg: LossConfig, progress: float,
-                  generator: torch.Generator | None) -> torch.Tensor:
-    """Gaussian / uniform noise on the context features, std cosine-annealed from noise_std to 0."""
+def feature_noise(features: torch.Tensor, cfg: LossConfig, progress: float, *, seed: int | None = None,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Gaussian / uniform noise on the context features, std cosine-annealed from noise_std to 0.
+
+    The noise is drawn on the features' device from a generator seeded with `seed` (nothing crosses
+    the host-device link), so a given seed gives the same noise on every run. Without `seed`, one is
+    drawn from `generator` (the process-wide RNG when that is None too); nothing is drawn when no
+    noise applies.
+    """
     if cfg.noise == "none" or cfg.noise_std <= 0:
         return features
     frac = min(max(progress, 0.0), 1.0)
     std = cfg.noise_std * (0.5 * (1 + math.cos(math.pi * frac)) if cfg.noise_anneal else 1.0)
     if std == 0:
         return features
+    if seed is None:
+        seed = int(torch.randint(0, 2**63 - 1, (), generator=generator))
+    g = torch.Generator(device=features.device).manual_seed(seed)
     shape, dev = features.shape, features.device
     if cfg.noise == "gaussian":
-        n = torch.randn(shape, generator=generator, dtype=torch.float32).to(dev) * std
+        n = torch.randn(shape, generator=g, dtype=torch.float32, device=dev).mul_(std)
     else:  # uniform with the same std
-        n = (torch.rand(shape, generator=generator, dtype=torch.float32).to(dev) * 2 - 1) * std * math.sqrt(3)
+        n = torch.rand(shape, generator=g, dtype=torch.float32, device=dev).mul_(2).sub_(1)
+        n.mul_(std * math.sqrt(3))
     return features + n.to(features.dtype)
 
 
@@ -77,46 +90,119 @@ class TokenLosses:
     label: torch.Tensor  # [R] the hard label used (data token or target argmax)
 
 
-Head = Callable[[torch.Tensor], torch.Tensor]
+Verifier = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _chunk_fn(head: Head, verifier: Head | None, use_target_labels: bool,
-              need_kl: bool) -> Callable[..., tuple]:
-    def fn(h: torch.Tensor, labels: torch.Tensor, t_rows: torch.Tensor | None):
-        logp = F.log_softmax(head(h).float(), dim=-1)
-        kl = torch.zeros(h.shape[0], device=h.device)
-        if t_rows is not None and verifier is not None:
-            with torch.no_grad():
-                t_logp = F.log_softmax(verifier(t_rows).float().to(h.device), dim=-1)
-            if use_target_labels:
-                labels = t_logp.argmax(-1)
-            if need_kl:
-                kl = (t_logp.exp() * (t_logp - logp)).sum(-1)
-        ce = -logp.gather(1, labels[:, None]).squeeze(1)
-        return ce, kl, logp.detach().argmax(-1), labels
+def _chunk(h: torch.Tensor, labels: torch.Tensor, head: nn.Linear, t_logp: torch.Tensor | None,
+           need_kl: bool, ce_grad: bool, kl_grad: bool) -> tuple[torch.Tensor, ...]:
+    """CE, KL, argmax of one chunk of rows, and d CE / d h, d KL / d h when asked (else None)."""
+    w = head.weight
+    logp = F.log_softmax(head(h.to(w.dtype)).float(), dim=-1)  # the matmul as `DFlashDrafter.logits` does
+    ce = -logp.gather(1, labels[:, None]).squeeze(1)
+    pred = logp.argmax(-1)
+    kl = torch.zeros_like(ce)
+    pt = None
+    if need_kl and t_logp is not None:
+        pt = t_logp.exp()
+        kl = torch.sub(t_logp, logp).mul_(pt).sum(-1)
+    d_ce = d_kl = None
+    if ce_grad or (kl_grad and pt is not None):
+        p = logp.exp_()  # softmax; logp is not needed any more
+        if kl_grad and pt is not None:
+            # d KL / d logits = softmax * sum(p_target) - p_target (sum(p_target) is 1 up to rounding)
+            d_kl = (torch.mul(p, pt.sum(-1, keepdim=True)).sub_(pt).to(w.dtype) @ w).to(h.dtype)
+        if ce_grad:  # d CE / d logits = softmax - onehot(label)
+            p.scatter_add_(1, labels[:, None], torch.full_like(ce[:, None], -1.0))
+            d_ce = (p.to(w.dtype) @ w).to(h.dtype)
+    return ce, kl, pred, d_ce, d_kl
 
-    return fn
+
+def _verifier_logp(verifier: Verifier | None, rows: torch.Tensor | None) -> torch.Tensor | None:
+    if verifier is None or rows is None:
+        return None
+    with torch.no_grad():
+        return F.log_softmax(verifier(rows).float(), dim=-1)
 
 
-def token_losses(hidden: torch.Tensor, labels: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], *,
-                 chunk_rows: int, verifier: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 target_rows: torch.Tensor | None = None, use_target_labels: bool = False,
-                 need_kl: bool = False, use_checkpoint: bool = True) -> TokenLosses:
-    """Per-row CE / KL / argmax for hidden [R, H] in chunks of `chunk_rows` (checkpointed when training)."""
-    fn = _chunk_fn(head, verifier, use_target_labels, need_kl)
-    outs = []
-    for s in range(0, hidden.shape[0], chunk_rows):
-        h = hidden[s:s + chunk_rows]
-        lab = labels[s:s + chunk_rows]
-        t = target_rows[s:s + chunk_rows] if target_rows is not None else None
-        if use_checkpoint and torch.is_grad_enabled() and h.requires_grad:
-            outs.append(checkpoint(fn, h, lab, t, use_reentrant=False))
-        else:
-            outs.append(fn(h, lab, t))
-    if not outs:
-        z = hidden.new_zeros(0)
-        return TokenLosses(z, z, labels[:0], labels[:0])
-    return TokenLosses(*(torch.cat([o[i] for o in outs]) for i in range(4)))
+def _run(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, verifier: Verifier | None,
+         target_rows: torch.Tensor | None, chunk_rows: int, use_target_labels: bool, need_kl: bool,
+         ce_grad: bool, kl_grad: bool) -> tuple[torch.Tensor | None, ...]:
+    """All chunks: ce, kl, pred, label [R] and d CE / d h, d KL / d h [R, H] (None when not asked)."""
+    r, dev = hidden.shape[0], hidden.device
+    ce, kl = torch.empty(r, device=dev), torch.empty(r, device=dev)
+    pred, label = torch.empty(r, dtype=torch.long, device=dev), labels.clone()
+    d_ce = torch.empty_like(hidden) if ce_grad else None
+    d_kl = torch.empty_like(hidden) if kl_grad else None
+    for s in range(0, r, chunk_rows):
+        e = min(s + chunk_rows, r)
+        t_logp = _verifier_logp(verifier, None if target_rows is None else target_rows[s:e])
+        if use_target_labels and t_logp is not None:
+            label[s:e] = t_logp.argmax(-1)
+        ce[s:e], kl[s:e], pred[s:e], dc, dk = _chunk(hidden[s:e], label[s:e], head, t_logp, need_kl,
+                                                     ce_grad, kl_grad)
+        if dc is not None:
+            d_ce[s:e] = dc
+        if dk is not None:
+            d_kl[s:e] = dk
+    return ce, kl, pred, label, d_ce, d_kl
+
+
+class _FusedHeadLoss(torch.autograd.Function):
+    """Per-row CE / KL through the frozen lm_head, chunk by chunk, with d/dh computed in the forward.
+
+    Each chunk's logits and the verifier's log-probs live only while that chunk is processed; what is
+    kept for backward is d CE / d h and d KL / d h ([R, H] each, in h's dtype), so backward is two
+    scaled sums and nothing is recomputed.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear,
+                verifier: Verifier | None, target_rows: torch.Tensor | None, chunk_rows: int,
+                use_target_labels: bool, need_kl: bool, ce_grad: bool) -> tuple[torch.Tensor, ...]:
+        kl_grad = need_kl and verifier is not None and target_rows is not None
+        ce, kl, pred, label, d_ce, d_kl = _run(hidden, labels, head, verifier, target_rows, chunk_rows,
+                                               use_target_labels, need_kl, ce_grad, kl_grad)
+        ctx.save_for_backward(d_ce, d_kl)
+        ctx.mark_non_differentiable(*([] if ce_grad else [ce]), *([] if kl_grad else [kl]), pred, label)
+        ctx.set_materialize_grads(False)
+        return ce, kl, pred, label
+
+    @staticmethod
+    def backward(ctx: Any, g_ce: torch.Tensor | None, g_kl: torch.Tensor | None, *_: Any) -> tuple:
+        d_ce, d_kl = ctx.saved_tensors
+        grad = None
+        for g, d in ((g_ce, d_ce), (g_kl, d_kl)):
+            if g is not None and d is not None:
+                term = g[:, None] * d.float()
+                grad = term if grad is None else grad.add_(term)
+        if grad is not None:
+            grad = grad.to(d_ce.dtype if d_ce is not None else d_kl.dtype)
+        return grad, None, None, None, None, None, None, None, None
+
+
+def token_losses(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, *, chunk_rows: int,
+                 verifier: Verifier | None = None, target_rows: torch.Tensor | None = None,
+                 use_target_labels: bool = False, need_kl: bool = False, ce_grad: bool = True) -> TokenLosses:
+    """Per-row CE / KL(target || draft) / argmax of hidden [R, H] through the frozen `head`.
+
+    Rows go through `head` (an nn.Linear, matmul in its weight dtype, log-softmax in fp32) in chunks of
+    `chunk_rows`, so no [R, vocab] tensor outlives its chunk. `verifier(target_rows[chunk])` gives the
+    target's logits for the chunk (evaluated once, without grad, on h's device): its log-probs feed the
+    KL (`need_kl`) and, with `use_target_labels`, its argmax replaces `labels`. When hidden requires
+    grad, d CE / d h and d KL / d h are computed chunk by chunk in the forward and backward only scales
+    them, so each matmul runs once; `ce_grad=False` skips the CE gradient (ce then carries no grad).
+    """
+    if head.weight.requires_grad or (head.bias is not None and head.bias.requires_grad):
+        raise ValueError("token_losses: the lm_head must be frozen (no gradient flows to its weights)")
+    if target_rows is not None and target_rows.shape[0] != hidden.shape[0]:
+        raise ValueError(f"token_losses: {target_rows.shape[0]} target rows for {hidden.shape[0]} rows")
+    if not (need_kl or use_target_labels):
+        target_rows = None  # the verifier is not needed
+    args = (hidden, labels, head, verifier, target_rows, chunk_rows, use_target_labels, need_kl)
+    if torch.is_grad_enabled() and hidden.requires_grad:
+        return TokenLosses(*_FusedHeadLoss.apply(*args, ce_grad))
+    with torch.no_grad():
+        return TokenLosses(*_run(*args, False, False)[:4])
 
 
 def combine(ce: torch.Tensor, kl: torch.Tensor, valid: torch.Tensor, cfg: LossConfig, block_size: int

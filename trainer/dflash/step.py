@@ -5,10 +5,13 @@ leading draft slots that match their label (cumprod of matches), never a product
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import weakref
 from typing import Any
 
 import torch
+from torch import nn
 
 from trainer.dflash.blocks import Blocks, build_blocks, sample_anchors
 from trainer.dflash.config import DrafterConfig, LossConfig
@@ -64,12 +67,33 @@ def acceptance(matches: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return tau[keep]
 
 
+_NormCopies = weakref.WeakKeyDictionary[nn.Module, dict[torch.device, nn.Module]]
+_NORM_COPIES: _NormCopies = weakref.WeakKeyDictionary()
+
+
+def norm_on(norm: nn.Module, device: torch.device) -> nn.Module:
+    """`norm` itself when its weights live on `device`, else a frozen copy there (made once, then reused)."""
+    p = next(norm.parameters(), None)
+    if p is None or p.device == torch.device(device):
+        return norm
+    copies = _NORM_COPIES.setdefault(norm, {})
+    if device not in copies:
+        copies[device] = copy.deepcopy(norm).to(device).requires_grad_(False)
+    return copies[device]
+
+
 def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: DrafterConfig,
                    lcfg: LossConfig, *,
-                   generator: torch.Generator | None = None, progress: float = 0.0,
-                   anchors: tuple[torch.Tensor, torch.Tensor] | None = None, use_flex: bool | None = None,
-                   train: bool = True) -> StepOutput:
-    """Loss and metrics of the drafter on one batch (drafter may be DDP-wrapped)."""
+                   generator: torch.Generator | None = None, noise_seed: int | None = None,
+                   progress: float = 0.0, anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   use_flex: bool | None = None, train: bool = True) -> StepOutput:
+    """Loss and metrics of the drafter on one batch (drafter may be DDP-wrapped).
+
+    `generator` draws the anchors (unless `anchors` is given); the feature noise (training only) is
+    drawn on the drafter's device from `noise_seed`, or from a seed drawn from `generator` when None.
+    The verifier (the target's final norm + lm_head) runs on the drafter's device: only the target's
+    last hidden rows the loss reads ([rows, H]) cross over, never logits.
+    """
     core = getattr(drafter, "module", drafter)
     arch = core.arch
     dev = core.fc.weight.device
@@ -79,7 +103,7 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
     feats = tout.features.to(dev)
     ids, lmask, lengths = batch.input_ids.to(dev), batch.loss_mask.to(dev), batch.lengths.to(dev)
     if train:
-        feats = feature_noise(feats, lcfg, progress, generator)
+        feats = feature_noise(feats, lcfg, progress, seed=noise_seed, generator=generator)
     a, keep = anchors if anchors is not None else sample_anchors(lmask, lengths, dcfg.max_anchors, generator)
     blocks = build_blocks(ids, lmask, lengths, a.to(dev), keep.to(dev), b_size, arch.mask_token_id)
     masks = AttentionMasks(blocks.anchors, ids.shape[1], b_size, arch.sliding_window,
@@ -90,16 +114,21 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
     rows = blocks.valid.reshape(-1).nonzero().flatten()  # only the rows the loss reads
     h_rows = hidden.reshape(bs * nb, -1)[rows]
     labels = blocks.labels.reshape(-1)[rows]
-    t_rows = None
+    t_rows, verifier = None, None
     if need_last:
         # the verifier's prediction of x[a+k] lives at position a+k-1
+        last = tout.last_hidden
         b_idx = rows // nb
         pos = blocks.block_pos.reshape(-1)[rows] - 1
-        t_rows = tout.last_hidden[b_idx.to(tout.last_hidden.device), pos.to(tout.last_hidden.device)]
-    tl = token_losses(h_rows, labels, core.logits, chunk_rows=lcfg.chunk_blocks * b_size,
-                      verifier=target.logits_at if need_last else None, target_rows=t_rows,
-                      use_target_labels=lcfg.label_source == "target", need_kl=lcfg.kl_weight > 0,
-                      use_checkpoint=train)
+        t_rows = last[b_idx.to(last.device), pos.to(last.device)].to(dev)
+        norm, head = norm_on(target.norm, dev), core.lm_head
+
+        def verifier(x: torch.Tensor) -> torch.Tensor:
+            return head(norm(x))
+
+    tl = token_losses(h_rows, labels, core.lm_head, chunk_rows=lcfg.chunk_blocks * b_size,
+                      verifier=verifier, target_rows=t_rows, use_target_labels=lcfg.label_source == "target",
+                      need_kl=lcfg.kl_weight > 0, ce_grad=lcfg.ce_weight > 0)
 
     def grid(v: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         out = torch.full((bs * nb,), fill, dtype=v.dtype, device=dev)
@@ -112,6 +141,7 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
     match = grid((tl.pred == tl.label), False)[..., 1:] & valid[..., 1:]
     tau = acceptance(match, blocks.keep)
     v = valid[..., 1:].float()
+    in_len = torch.arange(ids.shape[1], device=dev)[None] < lengths[:, None]
     metrics = {
         **parts,
         "loss": loss.detach(),
@@ -120,5 +150,7 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
         "tau_sum": tau.float().sum(),
         "blocks": torch.tensor(float(tau.numel()), device=dev),
         "tokens": torch.tensor(float(batch.num_tokens), device=dev),
+        "samples": torch.tensor(float(ids.shape[0]), device=dev),
+        "supervised_tokens": (lmask.bool() & in_len).sum().float(),
     }
     return StepOutput(loss, metrics, match, blocks, grid(tl.label))
