@@ -52,7 +52,8 @@ def test_the_27b_run_prints_a_table_per_gpu_and_fits_8_colocated_ranks_on_96gb()
     assert j["fits"] and len(j["gpus"]) == 8 and j["tokens_per_step"] == 8 * 4096
     # the same placement with a full drafter replica per rank does not fit a 96 GB card
     full = plan(str(RUN), "--model-config", str(FIXTURE), "--set", "train.placement.strategy=ddp")
-    assert full.returncode == 1 and "needs 103.8 GB" in full.stderr
+    assert full.returncode == 1 and "needs 104.1 GB" in full.stderr
+    assert "Shard the drafter's state over the ranks (train.placement.strategy: fsdp)" in full.stderr
 
 
 def test_target_and_drafter_on_one_48gb_card_is_refused_with_the_numbers() -> None:
@@ -60,7 +61,7 @@ def test_target_and_drafter_on_one_48gb_card_is_refused_with_the_numbers() -> No
              "--set", "train.placement.nproc_per_node=1", "--set", "train.placement.target_gpus=[]",
              "--set", "train.placement.drafter_gpus=[]")
     assert r.returncode == 1
-    assert "error: run qwen36-27b-dflash does not fit: GPU 0 needs 103.8 GB" in r.stderr
+    assert "error: run qwen36-27b-dflash does not fit: GPU 0 needs 104.1 GB" in r.stderr
     assert "target weights 53.8" in r.stderr and "drafter + AdamW 27.7" in r.stderr and "of 48 GB" in r.stderr
     # colocated on 141 GB H200s: fits
     ok = plan(str(RUN), "--model-config", str(FIXTURE), "--set", "train.placement.nproc_per_node=8",

@@ -101,8 +101,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
               f"drafter + AdamW {worst.drafter_state / 1e9:.1f}, "
               f"activations {(worst.target_activations + worst.drafter_activations) / 1e9:.1f}, logits "
               f"{worst.logits_chunk / 1e9:.1f}) of {capacity:g} GB; {len(plan.too_big)} of {len(plan.gpus)} "
-              f"GPUs over. Spread target and drafter (train.placement.target_gpus / drafter_gpus), lower "
-              f"data.max_length, drafter.max_anchors or loss.chunk_blocks, or use larger cards.",
+              f"GPUs over. "
+              + ("Shard the drafter's state over the ranks (train.placement.strategy: fsdp), spread "
+                 if cfg.train.placement.strategy != "fsdp" else "Spread ")
+              + "target and drafter (train.placement.target_gpus / drafter_gpus), lower data.max_length, "
+              "drafter.max_anchors or loss.chunk_blocks, or use larger cards.",
               file=sys.stderr)
         return 1
     return 0

@@ -58,7 +58,7 @@ class LossConfig:
     noise: Literal["none", "gaussian", "uniform"] = "none"  # on the context features
     noise_std: float = 0.05  # initial std, cosine-annealed to 0 over the run
     noise_anneal: bool = True
-    chunk_blocks: int = 64  # blocks per lm_head+loss chunk (activation-checkpointed)
+    chunk_blocks: int = 64  # blocks per fused lm_head + loss chunk (its input gradient made in the forward)
     label_source: Literal["data", "target"] = "data"  # hard labels: data tokens or the target's argmax
 
     def __post_init__(self) -> None:

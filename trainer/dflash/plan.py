@@ -15,7 +15,8 @@ of ``train.placement`` (one node; every node of a multi-node run is laid out the
   rows against a ``data.max_length`` context, per layer (residuals in fp32, the rest bf16), flex attention
   (no dense mask);
 - logits chunk: ``loss.chunk_blocks`` blocks x vocab: bf16 logits, fp32 log-softmax and its grad, and the
-  target's fp32 log-probs / probs when the loss reads soft labels;
+  target's fp32 log-probs / probs when the loss reads soft labels; plus the [rows, hidden] fp32 input
+  gradients of CE (and KL) that the fused loss computes in the forward and keeps for backward;
 - a fixed 3 GB for the CUDA context, cuBLAS/NCCL workspaces and allocator fragmentation.
 
 It is a budget, not a measurement: bench/gpu_dflash.py measures the real peak on a GPU.
@@ -206,7 +207,8 @@ def build_plan(cfg: RunConfig, t: SimpleNamespace, capacity_gb: float) -> Plan:
     d_act = a.num_layers * per_layer + ctx + rows * a.hidden_size * 4 * 2  # + final norm in/out
     chunk = min(loss.chunk_blocks * d.block_size, rows)
     logit_b = 2 + 4 + 4 + (12 if loss.needs_target_logits else 0)
-    logits = chunk * v * logit_b
+    # + what the fused loss keeps for backward: dCE/dh (and dKL/dh) in fp32 for every row the loss reads
+    logits = chunk * v * logit_b + rows * a.hidden_size * 4 * (2 if loss.kl_weight > 0 else 1)
     bf16 = cfg.train.dtype == "bfloat16" and cfg.train.device != "cpu"
     fc = n_feat * h_t * a.hidden_size
     unit = max((dp - fc) // a.num_layers, fc)  # the largest FSDP unit: one decoder layer, or the root's fc
