@@ -94,7 +94,11 @@ def test_fsdp_bf16_mixed_precision_step_matches_plain_drafter(tmp_path) -> None:
                 out.loss.backward()
             losses.append(float(out.loss))
         assert losses[0] == pytest.approx(losses[1], rel=2e-2)
-        opt = torch.optim.AdamW([p for p in sharded.parameters() if p.requires_grad], lr=1e-3)
+        from trainer.dflash.config import TrainConfig
+        from trainer.dflash.optim import build_optimizer
+
+        opt = build_optimizer([p for p in sharded.parameters() if p.requires_grad], TrainConfig())
+        assert opt.defaults["fused"]  # the training optimizer: fused AdamW over the DTensor shards
         opt.step()
         weights, optim = parallel.full_state(sharded, opt, rt)
         assert set(weights) == set(plain.state_dict()) and optim["state"]
