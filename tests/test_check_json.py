@@ -58,7 +58,7 @@ wandb: {project: dflash}
 generate: {api_key_env: MY_KEY, output: gen}
 data: {shards: /fast/shards}
 train: {placement: {nnodes: 2, nproc_per_node: 8, rdzv_endpoint: "10.0.0.1:29500"}}
-""")
+""", "big.yml")
     out = check_json(capsys, str(run), "--set", "train.placement.node_rank=1")
     assert out["name"] == "big"
     assert out["run_dir"] == "/data/big-dir"  # absolute: --base-dir does not apply

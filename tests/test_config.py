@@ -68,7 +68,8 @@ def test_malformed_yaml_names_the_file(tmp_path):
 
 def test_round_trip_through_to_dict(tmp_path):
     cfg = load_run_config(write(tmp_path, MINIMAL + "stages: [generate, prepare]\n"))
-    again = load_run_config(write(tmp_path, __import__("yaml").safe_dump(to_dict(cfg)), "again.yml"))
+    (tmp_path / "again").mkdir()
+    again = load_run_config(write(tmp_path / "again", __import__("yaml").safe_dump(to_dict(cfg))))
     assert again == cfg
 
 

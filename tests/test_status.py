@@ -242,7 +242,7 @@ def test_a_malformed_metrics_line_is_named(run: tuple[Path, RunLayout],
                 tail="{oops\n" + json.dumps(step_line(4)) + "\n")
     with pytest.raises(StatusError, match=rf"{layout.metrics} line 3: not a JSON object"):
         status(cfg_path)
-    assert main(["status", str(cfg_path)]) == 1
+    assert main(["status", str(cfg_path)]) == 2
     err = capsys.readouterr().err
     assert f"error: run st: {layout.metrics} line 3: not a JSON object" in err
     write_lines(layout.metrics, [step_line(1), {"loss": 1.0}])

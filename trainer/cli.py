@@ -12,6 +12,8 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,6 +36,38 @@ STAGES = {
 
 log = logging.getLogger("trainer")
 
+EXIT_OK = 0
+EXIT_NO = 1  # the verdict is "no": plan: does not fit; doctor, prepare, train: the data is refused
+EXIT_BAD_INPUT = 2  # run file, overrides file, --set, model config, arguments, empty input
+EXIT_BUG = 70  # an unexpected error: a bug in the trainer (the traceback under -v)
+EXIT_INTERRUPTED = 130
+EXIT_CODES = """exit codes:
+  0    ok
+  1    the verdict is "no" (plan: does not fit; doctor, prepare, train: the data is refused)
+  2    bad input (run file, overrides file, --set, model config, arguments, no valid input)
+  130  interrupted (train: after a checkpoint)
+  70   an unexpected error: a bug in the trainer (-v prints the traceback)
+  other: a stage that had to stop (generate: endpoints down, 1; train: the failed rank's code)
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2, bad input) that point to --help."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0 (`--gpu-memory-gb`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
 
 def add_run_config_args(p: argparse.ArgumentParser) -> None:
     """The run-config arguments every run-driven subcommand takes."""
@@ -55,11 +89,15 @@ def load_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_from_args(args)
+    return run_stages(load_from_args(args), args.force)
+
+
+def run_stages(cfg: RunConfig, force: bool = False) -> int:
+    """Run the stages of `cfg` in order; the exit code of the first that fails, else 0."""
     for name in cfg.stages:
         module = importlib.import_module(STAGES[name])
         # a stage may say its outputs are complete and match their inputs (trainer/data/fresh.py)
-        done = None if args.force else getattr(module, "up_to_date", lambda _cfg: None)(cfg)
+        done = None if force else getattr(module, "up_to_date", lambda _cfg: None)(cfg)
         if done:
             log.info("run %s: stage %s skipped: %s (--force redoes it)", cfg.name, name, done)
             continue
@@ -72,6 +110,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    if args.base_dir is not None and not args.json:
+        raise ConfigError("--base-dir: only with --json (it resolves the run_dir the JSON reports)")
     cfg = load_from_args(args)
     if args.json:
         import json
@@ -92,7 +132,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     cfg = load_from_args(args)
     path = args.model_config or Path(cfg.target.path) / "config.json"
     capacity = args.gpu_memory_gb or cfg.train.placement.gpu_memory_gb
-    plan = build_plan(cfg, read_model_config(path), capacity)
+    model = read_model_config(path)
+    try:
+        plan = build_plan(cfg, model, capacity)
+    except AttributeError as e:
+        raise ConfigError(f"{path}: the model config has no {getattr(e, 'name', None) or e} (plan reads a "
+                          "transformers text config: num_hidden_layers, hidden_size, vocab_size ...); "
+                          "pass the target's config.json with --model-config") from None
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise ConfigError(f"{path}: a value of the model config cannot be used ({e}); pass the target's "
+                          "config.json with --model-config") from None
     print(json.dumps(plan_json(cfg, plan), indent=2) if args.json else format_plan(cfg, plan))
     if plan.too_big:
         worst = max(plan.too_big, key=lambda g: g.total)
@@ -127,9 +176,10 @@ def _cmd_tiny_target(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m trainer",
         description="DFlash drafter training: regenerate completions, prepare data, train, evaluate.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -156,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_config_args(p)
     p.add_argument("--model-config", type=Path, default=None,
                    help="the target's config.json (default: <target.path>/config.json); no weights are read")
-    p.add_argument("--gpu-memory-gb", type=float, default=0.0,
+    p.add_argument("--gpu-memory-gb", type=positive_float, default=None,
                    help="memory of one GPU in GB (default: train.placement.gpu_memory_gb, itself 80)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
@@ -170,13 +220,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rebuild even if a model is there")
     p.set_defaults(func=_cmd_tiny_target)
 
-    for module in (*dict.fromkeys(COMPONENTS.values()), "trainer.status"):
+    for module in (*dict.fromkeys(COMPONENTS.values()), "trainer.status", "trainer.quickstart"):
         importlib.import_module(module).register(sub)
+    for command in sub.choices.values():  # -v after the subcommand too; SUPPRESS keeps one given before
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="debug logging; the traceback of an unexpected error")
+        command.epilog = command.epilog or EXIT_CODES
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
+def _error(message: str) -> None:
+    """One line on stderr, whatever the message holds."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -184,8 +247,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        _error(str(e))
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except OSError as e:  # a path the input named: missing, unreadable, a directory ...
+        where = f"{e.filename}: " if e.filename else ""
+        _error(f"{where}{e.strerror or e}")
+        if args.verbose:
+            traceback.print_exc()
+        return EXIT_BAD_INPUT
+    except Exception as e:
+        _error(f"unexpected {type(e).__name__}: {e}; this is a bug in the trainer"
+               + ("" if args.verbose else " (rerun with -v for the traceback)"))
+        if args.verbose:
+            traceback.print_exc()
+        return EXIT_BUG

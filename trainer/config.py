@@ -3,28 +3,36 @@
 The loader is strict: an unknown key, a missing required key or a value of the wrong type is a
 `ConfigError` whose message names the key by its dotted path (``train.lr``, ``generate.endpoints[1].url``).
 `--set a.b=c` overrides and `--overrides FILE.yml` files (a mapping merged over the run file) go through
-the same loader, so they are validated the same way. Precedence: run file < overrides files (in order) <
-`--set`.
+the same loader, so they are validated the same way, and an error names the one that gave the value.
+Precedence: run file < overrides files (in order) < `--set`. The YAML itself is read strictly too (a key
+given twice is an error: trainer/config_yaml.py); numeric fields have ranges (trainer/ranges.py).
 
 Each component owns its section (torchtitan style): the section dataclasses live next to the code that
 reads them (``trainer/generate/config.py`` ...) and this module only assembles them into `RunConfig`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
-import yaml
+from trainer.config_yaml import (
+    ConfigError,
+    apply_overrides,
+    dotted_keys,
+    merge,
+    parse_set,
+    read_yaml,
+    yaml_hint,
+)
 
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A run config that cannot be used; the message names the key at fault."""
 
 
 def _type_name(tp: Any) -> str:
@@ -86,14 +94,16 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             return value
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 6e-4 as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads 6e-4 as a string
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is not None and math.isfinite(number):
+            return number
+        kind = "a finite number" if number is not None else "a number"
+        raise ConfigError(f"{where}: expected {kind}, got {value!r}")
     if tp is str:
         if isinstance(value, str):
             return value
@@ -132,7 +142,8 @@ def from_dict(cls: type[T], data: Any, where: str = "") -> T:
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
-        raise ConfigError(f"{label}: {e}") from e
+        # section checks name their keys (train.lr ...): no second prefix
+        raise ConfigError(str(e) if not where or f"{label}." in str(e) else f"{label}: {e}") from e
 
 
 def to_dict(obj: Any) -> Any:
@@ -146,44 +157,6 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return obj
-
-
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply `a.b=c` overrides (values parsed as YAML scalars) to raw config data."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected key=value")
-        key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
-        node = data
-        parts = key.strip().split(".")
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {key}: {'.'.join(parts[: i + 1])} is not a section")
-            node = nxt
-        node[parts[-1]] = value
-    return data
-
-
-def read_yaml(path: str | Path, what: str = "run config") -> dict[str, Any]:
-    """A YAML mapping from `path` (`what` names the file's role in messages)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read {what} ({e.strerror})") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: {what} must be a mapping, got {type(data).__name__}")
-    return data
 
 
 def _check_overrides(cls: type, data: Mapping[str, Any], where: str) -> None:
@@ -204,16 +177,6 @@ def _check_overrides(cls: type, data: Mapping[str, Any], where: str) -> None:
             _convert(tp, value, dotted)
 
 
-def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge `over` into `base` (in place): mappings merge key by key, anything else replaces."""
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            merge(base[key], value)
-        else:
-            base[key] = dict(value) if isinstance(value, Mapping) else value
-    return base
-
-
 def read_overrides(path: str | Path) -> dict[str, Any]:
     """An overrides file: a partial run config mapping, checked key by key; errors name the file."""
     data = read_yaml(path, what="overrides file")
@@ -224,18 +187,57 @@ def read_overrides(path: str | Path) -> dict[str, Any]:
     return data
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _blame(message: str, sources: dict[str, str], sets: dict[str, tuple[str, Any]]) -> tuple[str, str] | None:
+    """The overrides file or `--set` that gave the key a message names (the last one applied wins)."""
+    for key in reversed(list(sources)):
+        leaf = key.rsplit(".", 1)
+        pattern = rf"(?<![\w.]){re.escape(key)}(?![\w])"
+        alt = rf"^{re.escape(leaf[0])}: {re.escape(leaf[1])}\b" if len(leaf) == 2 else None
+        if re.search(pattern, message) or (alt and re.search(alt, message)):
+            source = sources[key]
+            if source == "--set":
+                raw, value = sets[key]
+                return f"--set {key}={raw}: ", yaml_hint(key, raw, value, message)
+            return f"{source}: ", ""
+    return None
+
+
 def load_run_config(path: str | Path, overrides: Sequence[str] = (),
                     override_files: Sequence[str | Path] = ()) -> RunConfig:
-    """Load files/runs/NAME.yml, then each overrides file, then the `--set` overrides, into a `RunConfig`."""
+    """Load files/runs/NAME.yml, then each overrides file, then the `--set` overrides, into a `RunConfig`.
+
+    Errors name where the value came from: the run file, an overrides file or the `--set` at fault.
+    `name` is the run file's stem: a file without one gets it, a file with another one is refused (a
+    resolved launch config, `RunLayout.launch_config`, keeps its run's name).
+    """
     data = read_yaml(path)
+    sources: dict[str, str] = {}
+    sets: dict[str, tuple[str, Any]] = {}
     for extra in override_files:
-        merge(data, read_overrides(extra))
+        more = read_overrides(extra)
+        sources.update(dict.fromkeys(dotted_keys(more), str(extra)))
+        merge(data, more)
+    for item in overrides:
+        key, raw, value = parse_set(item)
+        sources.pop(key, None)
+        sources[key] = "--set"
+        sets[key] = (raw, value)
     data = apply_overrides(data, overrides)
     data.setdefault("name", Path(path).stem)
     try:
-        return from_dict(RunConfig, data)
+        cfg = from_dict(RunConfig, data)
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from e
+        how = _blame(str(e), sources, sets)
+        raise ConfigError(f"{how[0]}{e}{how[1]}" if how else f"{path}: {e}") from e
+    stem = Path(path).stem
+    if cfg.name != stem and Path(path).resolve() != RunLayout.of(cfg).launch_config.resolve():
+        how = _blame("name", sources, sets)
+        msg = f"name {cfg.name!r} is not the file's name {stem!r}: a run is named after its file ({stem}.yml)"
+        raise ConfigError(f"{how[0]}{msg}{how[1]}" if how else f"{path}: {msg}")
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,6 +247,8 @@ from trainer.data.config import DataConfig  # noqa: E402
 from trainer.dflash.config import DrafterConfig, LossConfig, TrainConfig  # noqa: E402
 from trainer.eval.config import EvalConfig  # noqa: E402
 from trainer.generate.config import GenerateConfig  # noqa: E402
+from trainer.layout import RunLayout  # noqa: E402
+from trainer.ranges import check_ranges  # noqa: E402
 
 Stage = Literal["generate", "prepare", "train", "eval"]
 
@@ -268,6 +272,9 @@ class S3Config:
     endpoint_url: str = ""  # "" = AWS; set for MinIO/R2/moto
     region: str = "us-east-1"
     concurrency: int = 20
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "s3", {"concurrency": ">= 1"})
 
     @property
     def enabled(self) -> bool:
@@ -301,6 +308,17 @@ class RunConfig:
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
+        if not NAME.fullmatch(self.name):
+            raise ValueError(f"name: {self.name!r} is not a run name (letters, digits, '.', '_', '-'; "
+                             "it names the run's file, directory and unit)")
+        if not self.stages:
+            raise ValueError("stages: empty; list some of generate, prepare, train, eval")
+        order = list(typing.get_args(Stage))
+        ranks = [order.index(s) for s in self.stages]
+        if ranks != sorted(set(ranks)):
+            raise ValueError(f"stages: {list(self.stages)} is not in pipeline order without repeats "
+                             f"({', '.join(order)})")
+        check_ranges(self, "", {"seed": ">= 0"})
         if self.train.upload_checkpoints and not self.s3.enabled:
             raise ValueError("train.upload_checkpoints is set but s3.bucket is empty")
 

@@ -375,7 +375,7 @@ def _cmd(args: argparse.Namespace) -> int:
         st = run_status(cfg, window=args.window)
     except StatusError as e:
         print(f"error: run {cfg.name}: {e}", file=sys.stderr)
-        return 1
+        return 2  # bad input (trainer.cli.EXIT_BAD_INPUT): a run file that cannot be read
     print(json.dumps(st, indent=1) if args.json else format_status(st))
     return 0
 

@@ -117,3 +117,31 @@ def test_stage_from_s3_and_upload_of_the_shards(s3_server: Any, tmp_path: Path, 
     S3Sync(client, "runs-prep", "t/shards", show_progress=False).download(tmp_path / "node2")
     assert len(ShardDataset.open(tmp_path / "node2", verify=True)) == 20
     check_doctor(tmp_path / "node2")
+
+
+def test_stage_with_no_sample_is_bad_input_and_writes_no_shards(tmp_path: Path, tiny_tok_dir: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    gen = tmp_path / "run" / "generated"
+    gen.mkdir(parents=True)
+    (gen / "part-00000-x.jsonl").write_text("\n")
+    assert stage(load_run_config(_run_config(tmp_path, tiny_tok_dir))) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "prepare: no sample in" in err[0] and "1 files" in err[0]
+    assert not (tmp_path / "run" / "shards" / MANIFEST).exists()
+
+
+def test_a_refusal_names_the_option_of_each_failed_check(tmp_path: Path, tiny_tok_dir: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    same = "We add the numbers carefully and check every step twice. " * 8
+    recs = [record(i, "The answer is 4.", same, question=f"question {i}") for i in range(20)]
+    write_jsonl(tmp_path / "run" / "generated" / "part-00000-x.jsonl", recs)
+    assert stage(load_run_config(_run_config(tmp_path, tiny_tok_dir))) == 1
+    err = capsys.readouterr().err
+    assert "duplicate responses" in err and "--max-duplicate-share ...`" in err
+    assert "--max-degenerate-share" not in err
+    # the doctor takes the run file as other subcommands do: its shards, its thresholds
+    from trainer.cli import main
+
+    run_file = str(tmp_path / "t.yml")
+    assert main(["doctor", run_file, "--dry-run"]) == 1
+    assert main(["doctor", run_file, "--dry-run", "--max-duplicate-share", "1"]) == 0

@@ -63,23 +63,27 @@ def test_drafter_sizes_derive_from_target() -> None:
         resolve_arch(DrafterConfig(), tcfg, (1, 5), 512)
 
 
-def test_torchrun_line_from_placement() -> None:
+def test_torchrun_line_from_placement(tmp_path) -> None:
     import sys
 
     from trainer.dflash.stage import torchrun_command
+    from trainer.layout import RunLayout
 
     cfg = load_run_config(REPO / "files/runs/overfit.yml", [
         "train.placement.nnodes=2", "train.placement.nproc_per_node=4",
-        "train.placement.rdzv_endpoint=10.0.0.1:29400"])
+        "train.placement.rdzv_endpoint=10.0.0.1:29400", f"run_dir={tmp_path}"])
     assert cfg.train.placement.launches_torchrun and cfg.train.placement.world_size == 8
-    cmd = torchrun_command(cfg, "files/runs/overfit.yml", node_rank=1)
+    cmd = torchrun_command(cfg, node_rank=1)
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert cmd[3:11] == ["--nnodes=2", "--nproc-per-node=4", "--max-restarts=0", "--shutdown-timeout=270",
                          "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=overfit",
                          "--node-rank=1"]
-    assert cmd[-5:] == ["-m", "trainer", "train", "files/runs/overfit.yml", "--resume"]
-    one = load_run_config(REPO / "files/runs/overfit.yml", ["train.placement.nproc_per_node=2"])
-    assert "--standalone" in torchrun_command(one, "x.yml")
+    launch_config = RunLayout.of(cfg).launch_config
+    assert cmd[-5:] == ["-m", "trainer", "train", str(launch_config), "--resume"]
+    assert load_run_config(launch_config).train.placement.node_rank == 1  # the line's config is resolved
+    one = load_run_config(REPO / "files/runs/overfit.yml", ["train.placement.nproc_per_node=2",
+                                                            f"run_dir={tmp_path}"])
+    assert "--standalone" in torchrun_command(one)
     assert not load_run_config(REPO / "files/runs/overfit.yml").train.placement.launches_torchrun
     with pytest.raises(ConfigError, match=r"node_rank=2 is not in 0\.\.1"):
         load_run_config(REPO / "files/runs/overfit.yml", ["train.placement.nnodes=2",

@@ -60,7 +60,7 @@ def test_eval_cli_reports_tau_of_a_trained_checkpoint(tmp_path: Path, tiny_targe
     data["train"].update(max_steps=30)
     data["eval"] = {"max_samples": 4, "max_anchors": 16}
     write_shards(tmp_path / "run" / "shards", _greedy_rows(tiny_target, 4, 40))
-    path = tmp_path / "run.yml"
+    path = tmp_path / "overfit.yml"
     path.write_text(yaml.safe_dump(data))
     cfg = load_run_config(path)
     res = train(cfg)

@@ -124,7 +124,7 @@ def write_run(tmp: Path, prompts: Path, endpoints: list[str], **generate: Any) -
     if s3:
         data["s3"] = s3
     tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / "run.yml"
+    path = tmp / "gen.yml"
     path.write_text(yaml.safe_dump(data))
     return path
 

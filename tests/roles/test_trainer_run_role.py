@@ -176,7 +176,9 @@ def _local_run(tmp_path: Path, model_dir: Path, *args: str) -> subprocess.Comple
     the play stops at the first node step after the check and the plan ("Read the state of the run's unit");
     the venv is missing too, in case it has."""
     src = (ROOT / "files" / "runs" / "qwen36-27b-dflash.yml").read_text()
-    (tmp_path / "q.yml").write_text(src.replace("path: /workspace/models/Qwen3.6-27B", f"path: {model_dir}"))
+    src = src.replace("path: /workspace/models/Qwen3.6-27B", f"path: {model_dir}")
+    # a run is named after its file
+    (tmp_path / "q.yml").write_text(src.replace("\nname: qwen36-27b-dflash\n", "\nname: q\n"))
     return _playbook(
         "-e",
         "run=q",
@@ -419,5 +421,5 @@ def test_status_reports_the_run_from_its_files_on_the_node(
     r = _status_play(tmp_path, monkeypatch)
     out = " ".join((r.stdout + r.stderr).split())
     assert r.returncode != 0
-    assert "python -m trainer status failed (exit 1)" in out
+    assert "python -m trainer status failed (exit 2)" in out
     assert f"{metrics} line 1: not a JSON object" in out

@@ -1,8 +1,8 @@
 """Subcommands `prepare` (the pipeline stage), `doctor` and `sync` of `python -m trainer`.
 
     python -m trainer prepare RUN.yml          completions -> shards + manifest; runs the doctor
-    python -m trainer doctor DATA              report on a shards dir (or raw completions with --tokenizer);
-                                               exit 1 when the data is refused
+    python -m trainer doctor DATA|RUN.yml      report on a shards dir (or raw completions with --tokenizer,
+                                               or a run's shards); exit 1 when the data is refused
     python -m trainer sync down|up LOCAL s3://bucket/prefix [--config RUN.yml]
 
 The bodies live in trainer/data/stage.py; this module only parses arguments. Heavy imports happen
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from trainer.cli import add_run_config_args, load_from_args
-from trainer.config import S3Config, load_run_config
+from trainer.config import ConfigError, S3Config, load_run_config
 from trainer.data.config import DoctorConfig
 from trainer.data.stage import EXIT_ERROR, EXIT_REFUSED, doctor, stage, sync
 
@@ -38,9 +38,23 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from trainer.data.records import DataError
     from trainer.data.shards import DataRefused
 
+    if str(args.data).endswith((".yml", ".yaml")):  # a run file: its shards, with its thresholds
+        if args.config:
+            raise ConfigError("--config: not with a run file as DATA (its data.doctor thresholds are used)")
+        from trainer.layout import RunLayout
+
+        args.config = args.data
+        args.data = str(RunLayout.of(load_run_config(args.config)).shards)
+    if not args.tokenizer:
+        given = [flag for flag, v in (("--max-length", args.max_length), ("--workers", args.workers))
+                 if v is not None]
+        if given:
+            raise ConfigError(f"{given[0]}: only with --tokenizer (it applies to raw completions; a shards "
+                              "dir keeps the length it was prepared with)")
     try:
         verdict = doctor(Path(args.data), _doctor_config(args), tokenizer=args.tokenizer,
-                         max_length=args.max_length, workers=args.workers, record=not args.dry_run)
+                         max_length=args.max_length or 4096, workers=args.workers or 0,
+                         record=not args.dry_run)
     except (DataError, DataRefused, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
@@ -72,11 +86,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_prepare)
 
     p = sub.add_parser("doctor", help="Report on a dataset; refuse it when too many samples are degenerate")
-    p.add_argument("data", help="a shards dir (with manifest.json), or raw completions with --tokenizer")
+    p.add_argument("data", help="a shards dir (with manifest.json), raw completions with --tokenizer, or a "
+                   "run file (RUN.yml: its shards, with its data.doctor thresholds)")
     p.add_argument("--config", help="run config whose data.doctor thresholds to use")
     p.add_argument("--tokenizer", help="tokenizer dir, to check raw completions (jsonl / jsonl.zst)")
-    p.add_argument("--max-length", type=int, default=4096, help="with --tokenizer: truncation length")
-    p.add_argument("--workers", type=int, default=0, help="with --tokenizer: processes (0 = all cores)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="with --tokenizer: truncation length (default 4096)")
+    p.add_argument("--workers", type=int, default=None, help="with --tokenizer: processes (0 = all cores)")
     p.add_argument("--dry-run", action="store_true", help="do not record the verdict in manifest.json")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     for name, tp in _THRESHOLDS.items():

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from trainer.ranges import check_ranges
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DoctorConfig:
@@ -20,9 +22,11 @@ class DoctorConfig:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name.startswith("max_") and not 0.0 <= v <= 1.0:
-                raise ValueError(f"doctor.{f.name} must be a share in [0, 1], got {v}")
+                raise ValueError(f"data.doctor.{f.name} must be a share in [0, 1], got {v}")
         if self.min_supervised_tokens < 2:
-            raise ValueError("doctor.min_supervised_tokens must be >= 2 (an anchor needs 2 tokens)")
+            raise ValueError("data.doctor.min_supervised_tokens must be >= 2 (an anchor needs 2 tokens), "
+                             f"got {self.min_supervised_tokens}")
+        check_ranges(self, "data.doctor", {"mode_min_tokens": ">= 0"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ when the degenerate share (or another check's share) exceeds its configured limi
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -112,20 +113,27 @@ def diagnose(cols: dict[str, Sequence[Any]], cfg: DoctorConfig) -> Verdict:
         if share["no_anchor"]:
             parts.append(f"{_pct(share['no_anchor'])} without 2 consecutive supervised tokens")
         reasons.append(f"{_pct(share['degenerate'])} of samples are degenerate ({', '.join(parts)}); "
-                       f"limit {_pct(cfg.max_degenerate_share)}")
+                       f"limit {_pct(cfg.max_degenerate_share)} (data.doctor.max_degenerate_share)")
     if mode_value < cfg.mode_min_tokens and share["mode"] > cfg.max_mode_share:
         reasons.append(f"{_pct(share['mode'])} of samples have exactly {mode_value} supervised tokens "
-                       f"(the mode; limit {_pct(cfg.max_mode_share)}): "
+                       f"(the mode; limit {_pct(cfg.max_mode_share)}, data.doctor.max_mode_share): "
                        "template tokens around an empty response?")
-    for key, limit, what in (
-        ("duplicate", cfg.max_duplicate_share, "duplicate responses"),
-        ("truncated", cfg.max_truncated_share, "rows truncated at max_length"),
-        ("unterminated_think", cfg.max_unterminated_share, "unterminated <think> blocks"),
+    for key, field, what in (
+        ("duplicate", "max_duplicate_share", "duplicate responses"),
+        ("truncated", "max_truncated_share", "rows truncated at max_length"),
+        ("unterminated_think", "max_unterminated_share", "unterminated <think> blocks"),
     ):
+        limit = getattr(cfg, field)
         if share[key] > limit:
-            reasons.append(f"{_pct(share[key])} {what}; limit {_pct(limit)}")
+            reasons.append(f"{_pct(share[key])} {what}; limit {_pct(limit)} (data.doctor.{field})")
     passed = not reasons
     return Verdict(passed, tuple(reasons), stats, format_report(stats, reasons, cfg))
+
+
+def refused_flags(reasons: Sequence[str]) -> list[str]:
+    """The `doctor` options that re-judge the checks a verdict failed (`--max-truncated-share` ...)."""
+    found = re.findall(r"data\.doctor\.(max_\w+)", " ".join(reasons))
+    return ["--" + name.replace("_", "-") for name in dict.fromkeys(found)]
 
 
 def format_report(stats: dict[str, Any], reasons: Sequence[str], cfg: DoctorConfig) -> str:

@@ -192,6 +192,9 @@ def _prepare(
             n += 1
             if n % 256 == 0:
                 bar.set_postfix(samples=n, rate=f"{n / (time.perf_counter() - t0):.0f}/s")
+    if n == 0:
+        raise DataError(f"prepare: no sample in {completions} ({len(files)} files, {total_bytes} bytes, no "
+                        "conversation with an answer); nothing is written (is the generate output empty?)")
     meta = {"source": {"completions": str(completions), "files": [str(f) for f in files],
                        "bytes": total_bytes},
             "tokenizer": str(tokenizer_path), "max_length": max_length, "inputs": inputs}

@@ -50,8 +50,12 @@ def stage(cfg: RunConfig) -> int:
                          inputs=fresh.inputs(src, tokenizer, data, layout.heldout_shards))
         report(result, out, layout.heldout_shards)
         if not result.verdict.passed:
-            print(f"prepare: the doctor REFUSED {out}; `train` will not use it. Fix the data, or re-judge "
-                  f"it with `python -m trainer doctor {out} --max-degenerate-share ...`", file=sys.stderr)
+            from trainer.data.doctor import refused_flags
+
+            flags = " ".join(f"{f} ..." for f in refused_flags(result.verdict.reasons))
+            print(f"prepare: the doctor REFUSED {out}: {'; '.join(result.verdict.reasons)}; `train` will not "
+                  f"use it. Fix the data, or re-judge it with `python -m trainer doctor {out} {flags}`",
+                  file=sys.stderr)
             return EXIT_REFUSED
         if data.upload_shards:
             if not cfg.s3.enabled:

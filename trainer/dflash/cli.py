@@ -4,20 +4,27 @@
 
 When `train.placement` asks for more than one process, the stage starts torchrun itself
 (`trainer.dflash.launch`): one rank per GPU, each running `python -m trainer train <resolved config>
---resume`. `--print-torchrun` prints that command line without running it.
+--resume`. `--print-torchrun` writes the resolved config (run file + --overrides + --set) and prints the
+same command line, built by the same function, without running it.
 """
 from __future__ import annotations
 
 import argparse
 
 from trainer.cli import add_run_config_args, load_from_args
+from trainer.config import ConfigError
 from trainer.dflash.stage import stage, torchrun_command
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    if args.node_rank is not None and not args.print_torchrun:
+        raise ConfigError("--node-rank: only with --print-torchrun; for a run, set "
+                          f"--set train.placement.node_rank={args.node_rank}")
+    if args.resume and args.print_torchrun:
+        raise ConfigError("--resume: not with --print-torchrun (the printed line always resumes)")
     cfg = load_from_args(args)
     if args.print_torchrun:
-        print(" ".join(torchrun_command(cfg, args.config, args.node_rank)))
+        print(" ".join(torchrun_command(cfg, args.node_rank)))
         return 0
     return stage(cfg, resume=args.resume)
 
@@ -27,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_run_config_args(p)
     p.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     p.add_argument("--print-torchrun", action="store_true",
-                   help="print the torchrun command for this run's placement and exit")
+                   help="write the resolved config (<run_dir>/launch/config.yml) and print the torchrun "
+                   "command the stage runs on it; refused when the placement is one process")
     p.add_argument("--node-rank", type=int, default=None,
                    help="with --print-torchrun: this node's rank (default: train.placement.node_rank)")
     p.set_defaults(func=_cmd)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from trainer.ranges import check_ranges
+
 LayerType = Literal["sliding_attention", "full_attention"]
 
 
@@ -44,6 +46,10 @@ class DrafterConfig:
             )
         if self.max_anchors < 1:
             raise ValueError(f"drafter.max_anchors must be >= 1, got {self.max_anchors}")
+        check_ranges(self, "drafter", {
+            "mask_token_id": ">= 0", "target_layer_ids": ">= 0", "hidden_size": ">= 0",
+            "intermediate_size": ">= 0", "num_attention_heads": ">= 0", "num_key_value_heads": ">= 0",
+            "head_dim": ">= 0", "sliding_window": ">= 1", "rope_theta": ">= 0", "rms_norm_eps": "> 0"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +74,7 @@ class LossConfig:
             raise ValueError(f"loss.dpace_alpha must be in [0, 1], got {self.dpace_alpha}")
         if self.chunk_blocks < 1:
             raise ValueError(f"loss.chunk_blocks must be >= 1, got {self.chunk_blocks}")
+        check_ranges(self, "loss", {"noise_std": ">= 0"})
 
     @property
     def needs_target_logits(self) -> bool:
@@ -114,6 +121,7 @@ class PlacementConfig:
             raise ValueError(f"train.placement.gpu_memory_gb must be > 0, got {self.gpu_memory_gb}")
         if self.gpu_peak_tflops < 0:
             raise ValueError(f"train.placement.gpu_peak_tflops must be >= 0, got {self.gpu_peak_tflops}")
+        check_ranges(self, "train.placement", {"target_gpus": ">= 0", "drafter_gpus": ">= 0"})
 
     @property
     def world_size(self) -> int:
@@ -158,7 +166,8 @@ class TrainConfig:
             raise ValueError(f"train.lr must be > 0, got {self.lr}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"train.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.grad_accum < 1 or self.batch_size < 1:
-            raise ValueError("train.grad_accum and train.batch_size must be >= 1")
-        if self.keep_last < 1:
-            raise ValueError(f"train.keep_last must be >= 1, got {self.keep_last}")
+        check_ranges(self, "train", {
+            "min_lr_ratio": "[0, 1]", "weight_decay": ">= 0", "betas": "[0, 1)", "epochs": ">= 1",
+            "max_steps": ">= 0", "batch_size": ">= 1", "max_tokens": ">= 0", "grad_accum": ">= 1",
+            "grad_clip": ">= 0", "log_every": ">= 1", "save_every": ">= 0", "keep_last": ">= 1",
+            "stop_after": ">= 0"})

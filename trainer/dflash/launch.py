@@ -59,6 +59,7 @@ def torchrun_args(cfg: RunConfig) -> list[str]:
 
 
 def launch_command(cfg: RunConfig, config_path: str | Path) -> list[str]:
+    """The torchrun line that runs every rank of this node on the resolved config at `config_path`."""
     return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(cfg),
             "-m", "trainer", "train", str(config_path), "--resume"]
 
@@ -71,6 +72,15 @@ def write_launch_config(cfg: RunConfig) -> Path:
     tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     os.replace(tmp, path)
     return path
+
+
+def resolved_launch(cfg: RunConfig) -> list[str]:
+    """Write the resolved config (run file + overrides + --set) and return the torchrun line that runs it.
+
+    The one builder of the launch command: the stage runs what it returns and `train --print-torchrun`
+    prints it.
+    """
+    return launch_command(cfg, write_launch_config(cfg))
 
 
 def root_cause(output: str) -> tuple[int, int, int] | None:
@@ -90,8 +100,7 @@ def _describe(code: int) -> str:
 
 def launch(cfg: RunConfig) -> int:
     """Run the ranks under torchrun: 0 done, 130 stopped by a signal, else the failed rank's exit code."""
-    config_path = write_launch_config(cfg)
-    cmd = launch_command(cfg, config_path)
+    cmd = resolved_launch(cfg)
     p = cfg.train.placement
     log.info("train: %d rank(s) on this node (node %d of %d): %s", p.nproc_per_node, p.node_rank, p.nnodes,
              " ".join(cmd))

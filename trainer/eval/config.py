@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from trainer.ranges import check_ranges
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EvalConfig:
@@ -16,3 +18,4 @@ class EvalConfig:
             raise ValueError(f"eval.max_samples must be >= 1, got {self.max_samples}")
         if self.max_anchors < 1:
             raise ValueError(f"eval.max_anchors must be >= 1, got {self.max_anchors}")
+        check_ranges(self, "eval", {"seed": ">= 0"})

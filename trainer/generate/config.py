@@ -64,27 +64,27 @@ class GenerateConfig:
     def __post_init__(self) -> None:
         for url in self.endpoints:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"endpoints: {url!r} is not an http(s):// base URL")
+                raise ValueError(f"generate.endpoints: {url!r} is not an http(s):// base URL")
         positive = ("max_tokens", "default_concurrency", "max_attempts", "failures_to_down", "shard_records",
                     "request_timeout_s", "connect_timeout_s", "backoff_initial_s", "backoff_max_s",
                     "all_down_timeout_s", "max_prompt_chars", "progress_interval_s", "keepalive_s",
                     "budget_min_tokens")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+                raise ValueError(f"generate.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("concurrency", "retry_max_tokens", "budget_tokens"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+                raise ValueError(f"generate.{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.temperature <= 2.0:
-            raise ValueError(f"temperature must be within [0, 2], got {self.temperature}")
+            raise ValueError(f"generate.temperature must be within [0, 2], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be within (0, 1], got {self.top_p}")
+            raise ValueError(f"generate.top_p must be within (0, 1], got {self.top_p}")
         if self.top_k != -1 and self.top_k < 1:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+            raise ValueError(f"generate.top_k must be -1 (off) or >= 1, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be within [0, 1], got {self.min_p}")
+            raise ValueError(f"generate.min_p must be within [0, 1], got {self.min_p}")
         if self.budget_tokens and self.budget_tokens <= self.budget_min_tokens:
-            raise ValueError(f"budget_tokens ({self.budget_tokens}) must exceed budget_min_tokens "
+            raise ValueError(f"generate.budget_tokens ({self.budget_tokens}) must exceed budget_min_tokens "
                              f"({self.budget_min_tokens}), or be 0 (no budget)")
 
     @property

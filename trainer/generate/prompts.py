@@ -13,10 +13,12 @@ has an unsupported role or content, is longer than `max_prompt_chars`, or repeat
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import io
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -157,3 +159,15 @@ def count_lines(files: list[Path]) -> int:
         with open_text(path) as fh:
             n += sum(1 for line in fh if line.strip())
     return n
+
+
+def reject_kind(reason: str) -> str:
+    """A reject's reason without its particulars ('not JSON: Expecting value: line 1 ...' -> 'not JSON')."""
+    head = re.split(r"[:(]", reason, maxsplit=1)[0]
+    return re.sub(r"'[^']*'|\b\d+\b", "…", head).strip() or reason[:60]
+
+
+def rejects_line(kinds: collections.Counter[str], examples: list[str]) -> str:
+    """One console line: rejects counted by reason, and the first few."""
+    counts = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+    return f"{counts}; first: {', '.join(examples)}" if examples else counts

@@ -43,7 +43,7 @@ from trainer.generate.endpoints import (
     parse_completion,
 )
 from trainer.generate.progress import Progress
-from trainer.generate.prompts import Prompt, Reject
+from trainer.generate.prompts import Prompt, Reject, reject_kind, rejects_line
 from trainer.generate.remote import S3Mirror
 from trainer.generate.store import ShardStore
 from trainer.generate.turns import Budget, Work, skip_line
@@ -53,6 +53,10 @@ log = logging.getLogger("trainer.generate")
 
 class GenerateError(RuntimeError):
     """The run cannot go on (no endpoint left, S3 never came back ...)."""
+
+
+class NoValidInput(GenerateError):
+    """No prompt could be used: nothing to generate, and the output is not marked complete."""
 
 
 class Generator:
@@ -76,12 +80,18 @@ class Generator:
         self.budget = budget or Budget(0, 0, "", cfg.enable_thinking)
         self.skipped = (skipped_path or rejects_path.with_name("skipped.ndjson")).open("w", encoding="utf-8")
         self.no_endpoint_since: float | None = None
+        self.reject_kinds: collections.Counter[str] = collections.Counter()
+        self.reject_examples: list[str] = []
 
     # ------------------------------------------------------------------ feeding
     def _reject(self, rej: Reject) -> None:
         self.rejects.write(json.dumps(rej.to_json(), ensure_ascii=False) + "\n")
         self.rejects.flush()
         self.progress.c.rejected += 1
+        self.reject_kinds[reject_kind(rej.reason)] += 1
+        if len(self.reject_examples) < 3:
+            where = f"{Path(rej.source).name}:{rej.line}" if rej.line else rej.source
+            self.reject_examples.append(f"{where}" + (f" (id {rej.id})" if rej.id else ""))
 
     def _fill(self) -> None:
         want = max(256, 2 * sum(e.capacity for e in self.endpoints))
@@ -366,7 +376,17 @@ class Generator:
             for ep in self.endpoints:
                 await ep.aclose()
         self.progress.tick()
-        summary = self.progress.summary(records_total=len(self.store.done), shards=len(self.store.shards))
+        summary = self.progress.summary(records_total=len(self.store.done), shards=len(self.store.shards),
+                                        reject_kinds=dict(self.reject_kinds),
+                                        reject_examples=list(self.reject_examples))
+        if not self.store.done and not self.progress.c.rejected_by_endpoint:  # no prompt could be sent
+            if uploader is not None:
+                uploader.cancel()
+            why = rejects_line(self.reject_kinds, self.reject_examples) if self.reject_kinds else "none"
+            raise NoValidInput(
+                f"no completion: {summary['rejected']} prompts rejected ({why}), "
+                f"{summary['skipped_budget']} skipped by the token budget, none sent; the output is not "
+                f"marked complete (rejects in {self.rejects.name})")
         manifest = self.store.manifest(complete=True, rejected=self.progress.c.rejected)
         self.store.write_manifest(manifest)
         if self.mirror is not None and uploader is not None:

@@ -2,7 +2,9 @@
 
 Reads the prompts, skips the ids already done (local spool, and S3 when the run has s3.bucket),
 regenerates the rest on the endpoints and writes shards under `RunLayout.generate_output`.
-Exit status: 0 when every prompt has a completion or a reject, 1 when the run had to stop.
+Exit status: 0 when every prompt has a completion or a reject, 2 when there is no usable prompt (an
+empty prompts file, every prompt rejected: the output is not marked complete), 1 when the run had to
+stop.
 Heavy imports (httpx, boto3) happen inside the stage.
 """
 from __future__ import annotations
@@ -18,6 +20,8 @@ from trainer.config import ConfigError, RunConfig
 from trainer.layout import RunLayout
 
 log = logging.getLogger("trainer.generate")
+
+EXIT_BAD_INPUT = 2  # no usable prompt
 
 
 def model_name(cfg: RunConfig) -> str:
@@ -96,7 +100,7 @@ def _generate(cfg: RunConfig, layout: RunLayout, store: Any) -> int:
     from trainer.generate.endpoints import Endpoint
     from trainer.generate.prompts import count_lines, prompt_files, read_prompts
     from trainer.generate.remote import S3Mirror
-    from trainer.generate.runner import GenerateError, Generator
+    from trainer.generate.runner import GenerateError, Generator, NoValidInput, rejects_line
 
     g = cfg.generate
     out = layout.generate_output
@@ -118,7 +122,11 @@ def _generate(cfg: RunConfig, layout: RunLayout, store: Any) -> int:
         files = prompt_files(local_prompts(cfg, layout.prompts_cache))
     except FileNotFoundError as e:
         raise ConfigError(f"generate.prompts: {e}") from None
-    total = max(count_lines(files) - len(store.done), 0)
+    lines = count_lines(files)
+    if not lines and not store.done:
+        raise ConfigError(f"generate.prompts: {cfg.generate.prompts}: no prompt (the file is empty); "
+                          "nothing to generate")
+    total = max(lines - len(store.done), 0)
     log.info("generate: %d prompts in %d files, %d already done, model %s, %d endpoints -> %s",
              total + len(store.done), len(files), len(store.done), model_name(cfg), len(g.endpoints), out)
     api_key = os.environ.get(g.api_key_env, "") if g.api_key_env else ""
@@ -128,14 +136,17 @@ def _generate(cfg: RunConfig, layout: RunLayout, store: Any) -> int:
                     budget=budget(cfg), skipped_path=layout.generate_skipped)
     try:
         summary = asyncio.run(gen.run(total))
+    except NoValidInput as e:
+        log.error("generate: %s", e)
+        return EXIT_BAD_INPUT
     except GenerateError as e:
         log.error("generate: %s", e)
         return 1
     layout.generate_summary.write_text(json.dumps(summary, indent=1))
     gen.progress.log_summary(summary)
     if summary["rejected"]:
-        log.warning("generate: %d prompts rejected, reasons in %s", summary["rejected"],
-                    layout.generate_rejects)
+        log.warning("generate: %d prompts rejected (%s), every reason in %s", summary["rejected"],
+                    rejects_line(gen.reject_kinds, gen.reject_examples), layout.generate_rejects)
     if summary["skipped_budget"]:
         log.warning("generate: %d conversations not sent: the token budget left less than "
                     "generate.budget_min_tokens for their first turn (listed in %s)",
