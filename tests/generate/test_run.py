@@ -30,9 +30,15 @@ def run_stage(cfg_path: Path) -> tuple[int, dict[str, Any]]:
 
 
 def done_count(out: Path) -> int:
-    """Completions on disk: sealed sidecars + lines of the open shards."""
-    n = sum(json.loads(p.read_text())["records"] for p in (out / "_state" / "manifest").glob("*.json"))
-    return n + sum(p.read_bytes().count(b"\n") for p in (out / "_state" / "open").glob("*.jsonl"))
+    """Completions on disk: sealed sidecars + lines of the open shards. The running stage seals (moves) an
+    open shard at any moment: a file gone between the listing and the read means count again."""
+    while True:
+        try:
+            sealed = (out / "_state" / "manifest").glob("*.json")
+            n = sum(json.loads(p.read_text())["records"] for p in sealed)
+            return n + sum(p.read_bytes().count(b"\n") for p in (out / "_state" / "open").glob("*.jsonl"))
+        except FileNotFoundError:
+            continue
 
 
 def spawn(cfg_path: Path, log: Path, *extra: str) -> subprocess.Popen:
