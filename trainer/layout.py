@@ -20,11 +20,15 @@ caller elsewhere (the controller asking for the node's paths).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainer.config import RunConfig
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS_DIR = "checkpoints"  # under the run dir; a run dir given as a checkpoint resolves through it
 EVAL_PATTERN = "step-*.json"
@@ -34,6 +38,31 @@ CHECKPOINT_PATTERN = "step-*"
 def step_name(step: int) -> str:
     """The name of a step's checkpoint dir and of its eval result (without .json): step-0000100."""
     return f"step-{step:07d}"
+
+
+_STEP_DIR = re.compile(r"^step-(\d{7,})$")
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """The step dirs under a checkpoints root, oldest first (complete or not)."""
+    if not ckpt_root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_root.iterdir()
+             if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The dir named by `latest` (if complete: it has meta.json), else the newest complete step dir, else
+    None. Torch-free, so `status` can read it beside a live run."""
+    pointer = ckpt_root / "latest"
+    if pointer.is_file():
+        cand = ckpt_root / pointer.read_text().strip()
+        if (cand / "meta.json").is_file():
+            return cand
+        log.warning("%s names %s, which is incomplete; falling back to the newest step dir", pointer, cand)
+    complete = [p for p in list_checkpoints(ckpt_root) if (p / "meta.json").is_file()]
+    return complete[-1] if complete else None
 
 
 def _under(root: Path, path: str | Path) -> Path:

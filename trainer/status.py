@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -24,10 +23,9 @@ from typing import Any
 from trainer.cli import add_run_config_args, load_from_args
 from trainer.config import RunConfig
 from trainer.data.shards import MANIFEST as DATA_MANIFEST
-from trainer.layout import EVAL_PATTERN, RunLayout
+from trainer.layout import EVAL_PATTERN, RunLayout, latest_checkpoint
 
 DEFAULT_WINDOW = 50  # optimizer steps the throughput, step time, MFU and ETA are averaged over
-_STEP_DIR = re.compile(r"^step-(\d{7,})$")
 
 PENDING, RUNNING, DONE = "not started", "in progress", "done"
 
@@ -86,21 +84,6 @@ def read_metrics(path: Path, window: int) -> tuple[int, list[dict[str, Any]]]:
                               f"{raw[:120]!r}")
         out.append(rec)
     return len(numbered), out
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint `latest` names when it is complete (has meta.json), else the newest complete step
-    dir: the rule of trainer/dflash/checkpoint.py, read without importing torch."""
-    pointer = root / "latest"
-    if pointer.is_file():
-        cand = root / pointer.read_text().strip()
-        if (cand / "meta.json").is_file():
-            return cand
-    if not root.is_dir():
-        return None
-    steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))
-             and (p / "meta.json").is_file()]
-    return max(steps)[1] if steps else None
 
 
 # ------------------------------------------------------------------------------------------------ stages

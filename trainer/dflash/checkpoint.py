@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,12 +29,9 @@ from typing import Any
 import torch
 import yaml
 
-from trainer.layout import CHECKPOINTS_DIR, step_name
+from trainer.layout import CHECKPOINTS_DIR, latest_checkpoint, list_checkpoints, step_name
 
 log = logging.getLogger(__name__)
-
-_STEP_RE = re.compile(r"^step-(\d{7,})$")
-
 
 def step_dir_name(step: int) -> str:
     return step_name(step)
@@ -53,25 +49,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     dev.set_cuda_rng_state(state.get("cuda"))
-
-
-def list_checkpoints(ckpt_root: Path) -> list[Path]:
-    if not ckpt_root.is_dir():
-        return []
-    found = [p for p in ckpt_root.iterdir() if p.is_dir() and _STEP_RE.match(p.name)]
-    return sorted(found, key=lambda p: int(_STEP_RE.match(p.name).group(1)))  # type: ignore[union-attr]
-
-
-def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The dir named by `latest` (if complete), else the newest complete step dir, else None."""
-    pointer = ckpt_root / "latest"
-    if pointer.is_file():
-        cand = ckpt_root / pointer.read_text().strip()
-        if (cand / "meta.json").is_file():
-            return cand
-        log.warning("%s names %s, which is incomplete; falling back to the newest step dir", pointer, cand)
-    complete = [p for p in list_checkpoints(ckpt_root) if (p / "meta.json").is_file()]
-    return complete[-1] if complete else None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
