@@ -29,7 +29,8 @@ failed (PATH, PRIV)`; GET /access/permissions answers as the real one does.
 
 `--hook CMD` runs `CMD EVENT VMID` (EVENT: vzcreate, vzstart, vzstop, vzdestroy) with the container's
 config as JSON on stdin when a task of that kind runs; a non-zero exit fails the task like a failed
-`lxc-start`. The lab uses it to make a real (podman) container for CT 200 (pve_api_lab_hook.py).
+`lxc-start`. The lab uses it to make a real (podman) container for CT 200 (`pve_api_lab.py hook`, beside
+this file).
 
 It is not Proxmox: storage is bookkeeping only, nothing is unpacked, and pending (hot-plug) config
 changes are applied at once.
@@ -302,8 +303,11 @@ class Api:
         hook: str | None = None,
         token_privsep: bool = False,
         token_acl: dict[str, set[str]] | None = None,
+        bind_root: Path | None = None,
     ) -> None:
         self.state = state
+        # Where the host's filesystem is, for the bind mounts' source directories (None: not checked)
+        self.bind_root = bind_root
         self.token = token
         self.token_privsep = token_privsep
         self.token_acl = {(k.rstrip("/") or "/"): set(v) for k, v in (token_acl or {}).items()}
@@ -616,10 +620,28 @@ class Api:
             "type": "lxc",
         }
 
+    def _missing_bind_dirs(self, cfg: dict[str, Any]) -> list[str]:
+        """The prestart hook mounts every mpN; a bind mount's source must be a directory on the host
+        (pve-container src/PVE/LXC.pm, mountpoint_mount: `die "directory '$volid' does not exist\\n" if !
+        -d $volid;`), else lxc-start fails and so does the vzstart task."""
+        if self.bind_root is None:
+            return []
+        out = []
+        for key, spec in sorted(cfg.items()):
+            if re.fullmatch(r"mp\d+", key):
+                vol = _split_prop(spec, "volume").get("volume", "")
+                if vol.startswith("/") and not (self.bind_root / vol.lstrip("/")).is_dir():
+                    out.append(f"directory '{vol}' does not exist")
+        return out
+
     def _set_status(self, v: dict[str, str], user: str, kind: str, status: str) -> str:
         ct = self._ct(v["vmid"])
         if kind == "vzstart" and ct["status"] == "running":
             raise ApiError(500, f"CT {v['vmid']} already running")
+        missing = self._missing_bind_dirs(ct["config"]) if kind == "vzstart" else []
+        if missing:  # what `pct start` prints: the hook's error, then lxc-start's
+            self.hook_errors[str(v["vmid"])] = [*missing, f"startup for container '{v['vmid']}' failed"]
+            return self.state.task(kind, v["vmid"], user, f"startup for container '{v['vmid']}' failed")
         exitstatus = self.run_hook(kind, v["vmid"], ct["config"])
         if exitstatus == "OK":
             ct["status"] = status
@@ -773,9 +795,10 @@ def serve(
     hook: str | None = None,
     token_privsep: bool = False,
     token_acl: dict[str, set[str]] | None = None,
+    bind_root: Path | None = None,
 ) -> ThreadingHTTPServer:
     """Build the HTTPS server (call `.serve_forever()`); port 0 picks a free one (`.server_address`)."""
-    api = Api(State(state, node, pve_dir), token, root_password, hook, token_privsep, token_acl)
+    api = Api(State(state, node, pve_dir), token, root_password, hook, token_privsep, token_acl, bind_root)
     httpd = ThreadingHTTPServer((host, port), make_handler(api, log))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
@@ -808,6 +831,8 @@ def main() -> None:
         metavar="PATH=PRIV,PRIV",
         help="privileges an ACL grants the (privsep) token on PATH, propagated (repeatable)",
     )
+    ap.add_argument("--bind-root", type=Path, default=None,
+                    help="the host's / for bind-mount sources: vzstart fails on a missing one, as pve-container's")
     a = ap.parse_args()
     if "!" not in a.token or "=" not in a.token:
         ap.error("--token must look like user@realm!tokenid=SECRET")
@@ -831,6 +856,7 @@ def main() -> None:
         a.hook,
         bool(a.token_privsep),
         acl,
+        a.bind_root,
     )
     print(f"pve_api double on https://{a.host}:{httpd.server_address[1]}", flush=True)
     httpd.serve_forever()

@@ -134,6 +134,9 @@ class PveDouble:
                 self.root_password,
                 "--token-privsep",
                 str(int(self.token_privsep)),
+                # The role's "host" is this machine: bind-mount sources are checked on its filesystem.
+                "--bind-root",
+                "/",
                 *[
                     a
                     for path, privs in self.token_acl.items()

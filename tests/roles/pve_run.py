@@ -43,6 +43,14 @@ def fake_gpu_dev(directory: Path, gpus: int = 8) -> Path:
     return directory
 
 
+def bind_source(directory: Path) -> Path:
+    """A real directory standing for the host's /tank/workspace: the role runs on this machine as the
+    Proxmox host, and Proxmox (and the double, started with --bind-root /) refuses a missing source."""
+    src = directory / "tank-workspace"
+    src.mkdir(parents=True, exist_ok=True)
+    return src
+
+
 def _parse(stdout: str) -> tuple[dict[str, Any], list[str], list[str]]:
     start = stdout.find("{\n")  # the json callback's document; other callbacks may print around it
     data, _end = json.JSONDecoder().raw_decode(stdout[start:])

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 from proxmoxer import ProxmoxAPI
 from proxmoxer.core import ResourceException
-from pve_run import PveDouble, default_state, fake_gpu_dev, run_role
+from pve_run import PveDouble, bind_source, default_state, fake_gpu_dev, run_role
 
-MOUNT = [{"host_path": "/tank/workspace", "mount_point": "/workspace"}]
 
 
 @pytest.fixture()
@@ -34,7 +33,7 @@ def role_vars(pve: PveDouble, dev: Path, root: bool, **extra: Any) -> dict[str, 
         "pve_ct_host_dev_dir": str(dev),
         "pve_ct_rootfs_storage": "scratch",
         "pve_ct_verify_gpus": False,
-        "pve_ct_bind_mounts": MOUNT,
+        "pve_ct_bind_mounts": [{"host_path": str(bind_source(dev.parent)), "mount_point": "/workspace"}],
         **extra,
     }
 
@@ -141,7 +140,7 @@ def _shipped_design(pve: PveDouble, tmp_path: Path) -> None:
     first = run_role(tmp_path / "one", role_vars(pve, dev, root=True))
     assert first.rc == 0, first.failures
     cfg = pve.state()["cts"]["200"]["config"]
-    assert cfg["mp0"] == "/tank/workspace,mp=/workspace" and cfg["features"] == "nesting=1"
+    assert cfg["mp0"] == f"{bind_source(dev.parent)},mp=/workspace" and cfg["features"] == "nesting=1"
     assert cfg["unprivileged"] == 0
     devs = sorted(v.split(",")[0] for k, v in cfg.items() if k.startswith("dev"))
     assert [d for d in devs if d.rsplit("/", 1)[1].startswith("nvidia") and d[-1].isdigit()] == [

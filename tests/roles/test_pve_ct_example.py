@@ -1,6 +1,6 @@
 """`ansible-playbook playbooks/container.yml -i inventory/example --check --diff` against the Proxmox API
 double: the production inventory, with only the endpoint, secrets and device directory pointed at this
-machine, plans CT 200 (create, 8 GPUs, the bind mount) without writing anything, and stops for the container
+machine (and the bind mount's source, which must exist), plans CT 200 (create, 8 GPUs, the bind mount) without writing anything, and stops for the container
 that does not exist yet instead of failing on it. A real Proxmox VE cannot run here."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pve_run import REPO, PveDouble, fake_gpu_dev
+from pve_run import REPO, PveDouble, bind_source, fake_gpu_dev
 
 
 def test_example_inventory_check_mode_shows_the_plan(tmp_path: Path) -> None:
@@ -30,6 +30,8 @@ def test_example_inventory_check_mode_shows_the_plan(tmp_path: Path) -> None:
             "pve_api_token_secret": pve.token.rpartition("=")[2],
             "pve_api_root_password": pve.root_password,
             "pve_ct_host_dev_dir": str(dev),
+            # the example's /tank/workspace, as a directory of this machine (the source must exist)
+            "pve_ct_bind_mounts": [{"host_path": str(bind_source(tmp_path)), "mount_point": "/workspace"}],
         }
         varfile = tmp_path / "overrides.json"
         varfile.write_text(json.dumps(overrides))
@@ -50,7 +52,7 @@ def test_example_inventory_check_mode_shows_the_plan(tmp_path: Path) -> None:
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
         assert "would download local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst" in out
-        assert "/tank/workspace,mp=/workspace" in out and f"{dev}/nvidia7" in out  # the diff of CT 200
+        assert f"{bind_source(tmp_path)},mp=/workspace" in out and f"{dev}/nvidia7" in out  # the diff of CT 200
         assert "ct200" in out and "unreachable=0" in out
         assert pve.state()["cts"] == {}
         assert [
