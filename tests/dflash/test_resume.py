@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 from dflash_factory import random_rows
+from stop_after import stop_after
 
 from trainer.config import load_run_config
 from trainer.dflash import checkpoint as ckpt
 from trainer.dflash.loop import train
+from trainer.layout import RunLayout
 
 RESUME_RUN = {
     "drafter": {"max_anchors": 4, "block_size": 4},
@@ -41,14 +43,15 @@ def test_stop_and_resume_is_bit_exact(make_run, tmp_path: Path) -> None:
     assert ref.step == 8
 
     cfg = load_run_config(make_run(rows=rows, **RESUME_RUN))
-    part = train(load_run_config(make_run(rows=rows, **RESUME_RUN), ["train.stop_after=5"]))
+    with stop_after(5):
+        part = train(load_run_config(make_run(rows=rows, **RESUME_RUN)))
     assert part.stopped_early and part.step == 5
-    assert ckpt.latest_checkpoint(cfg.run_path / "checkpoints").name == "step-0000005"
+    assert ckpt.latest_checkpoint(RunLayout.of(cfg).root / "checkpoints").name == "step-0000005"
     rest = train(cfg, resume=True)
     assert rest.step == 8
-    assert _losses(cfg.run_path) == _losses(ref_cfg.run_path)  # exact float equality
+    assert _losses(RunLayout.of(cfg).root) == _losses(RunLayout.of(ref_cfg).root)  # exact float equality
     # keep_last=2: only the two newest step dirs survive
-    kept = [p.name for p in ckpt.list_checkpoints(cfg.run_path / "checkpoints")]
+    kept = [p.name for p in ckpt.list_checkpoints(RunLayout.of(cfg).root / "checkpoints")]
     assert kept == ["step-0000006", "step-0000008"]
 
 
@@ -62,7 +65,7 @@ def test_sigkill_then_resume_matches_uninterrupted(make_run, tmp_path: Path) -> 
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", str(path)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    root = cfg.run_path / "checkpoints"
+    root = RunLayout.of(cfg).root / "checkpoints"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         latest = ckpt.latest_checkpoint(root)
@@ -77,13 +80,13 @@ def test_sigkill_then_resume_matches_uninterrupted(make_run, tmp_path: Path) -> 
     rc = subprocess.run([sys.executable, "-m", "trainer", "train", str(path), "--resume"], env=env,
                         capture_output=True, text=True, timeout=600)
     assert rc.returncode == 0, rc.stderr[-2000:]
-    resumed = _losses(cfg.run_path)
+    resumed = _losses(RunLayout.of(cfg).root)
     ref_cfg = load_run_config(path, [f"run_dir={tmp_path}/ref"])
     import shutil
 
-    shutil.copytree(cfg.run_path / "shards", ref_cfg.run_path / "shards")
+    shutil.copytree(RunLayout.of(cfg).root / "shards", RunLayout.of(ref_cfg).root / "shards")
     train(ref_cfg)
-    assert resumed == _losses(ref_cfg.run_path)
+    assert resumed == _losses(RunLayout.of(ref_cfg).root)
 
 
 def test_refuses_data_the_doctor_did_not_pass(make_run) -> None:
@@ -105,7 +108,8 @@ def test_interrupted_save_leaves_previous_checkpoint_latest(tmp_path: Path) -> N
     (root / ".tmp-step-0000002-999").mkdir()  # a save killed before its rename
     (root / "step-0000003").mkdir()  # a step dir without meta.json (killed mid-write by hand)
     assert ckpt.latest_checkpoint(root).name == "step-0000001"
-    weights, _state, meta = ckpt.load_checkpoint(ckpt.resolve_checkpoint(tmp_path))
-    assert meta["step"] == 1 and torch.equal(weights["fc.weight"], w["fc.weight"])
+    weights, meta = ckpt.load_weights(ckpt.resolve_checkpoint(tmp_path))
+    state, _meta = ckpt.load_state(ckpt.resolve_checkpoint(tmp_path))
+    assert meta["step"] == 1 and state["step"] == 1 and torch.equal(weights["fc.weight"], w["fc.weight"])
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         ckpt.resolve_checkpoint(tmp_path / "elsewhere")

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import yaml
 
+from trainer.config_yaml import ConfigError
 from trainer.layout import CHECKPOINTS_DIR, latest_checkpoint, list_checkpoints, step_name
 
 log = logging.getLogger(__name__)
@@ -94,10 +95,36 @@ def save_checkpoint(ckpt_root: Path, step: int, *, weights: dict[str, torch.Tens
     return final
 
 
+class CheckpointError(ConfigError):
+    """A checkpoint file that this release will not load (bad input: the CLI exits 2); the message names
+    the file."""
+
+
+def _load_pt(file: Path) -> Any:
+    """torch.load with weights_only=True: tensors, numbers, strings and plain containers, never an
+    arbitrary pickled object, so a checkpoint from a bucket others can write runs no code here. A file that
+    holds anything else (an older layout, or a planted object) is refused, naming it."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises UnpicklingError (via pickle) for a disallowed global
+        if type(e).__name__ != "UnpicklingError" and "weights_only" not in str(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{file}: refused: it holds more than tensors and plain values ({first}). Checkpoints load "
+            "without unpickling code; a file written by an older release or by someone else cannot be "
+            "resumed. Start from its drafter.safetensors (weights only) or retrain"
+        ) from None
+
+
 def load_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(state, meta) of a step dir: the small part every rank reads."""
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    return state, json.loads((path / "meta.json").read_text())
+    return _load_pt(path / "state.pt"), load_meta(path)
+
+
+def load_meta(path: Path) -> dict[str, Any]:
+    """meta.json of a step dir (the drafter's architecture, the step)."""
+    return json.loads((path / "meta.json").read_text())
 
 
 def load_weights_and_optimizer(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -109,17 +136,15 @@ def load_weights_and_optimizer(path: Path) -> tuple[dict[str, torch.Tensor], dic
         raise FileNotFoundError(f"{path}: no optimizer.pt (a checkpoint of an older layout: optimizer "
                                 "state inside state.pt, keyed by position); resume it with the release that "
                                 "wrote it")
-    optim = torch.load(opt_file, map_location="cpu", weights_only=True)
+    optim = _load_pt(opt_file)
     return load_file(str(path / "drafter.safetensors"), device="cpu"), optim
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict, dict, dict]:
-    """(weights, state, meta) of a step dir."""
+def load_weights(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], Any]:
+    """(weights, meta) of a step dir: what evaluation needs; no .pt file is read."""
     from safetensors.torch import load_file
 
-    weights = load_file(str(path / "drafter.safetensors"), device=str(map_location))
-    state, meta = load_state(path)
-    return weights, state, meta
+    return load_file(str(path / "drafter.safetensors"), device=str(map_location)), load_meta(path)
 
 
 def _json_default(o: Any) -> Any:

@@ -53,10 +53,10 @@ def greedy_tau(matches: torch.Tensor, data_agrees: torch.Tensor, keep: torch.Ten
 
 
 def load_drafter(checkpoint: Path, target: Any, device: torch.device) -> Any:
-    from trainer.dflash.checkpoint import load_checkpoint
+    from trainer.dflash.checkpoint import load_weights
     from trainer.dflash.drafter import DFlashDrafter, DrafterArch
 
-    weights, _state, meta = load_checkpoint(checkpoint)
+    weights, meta = load_weights(checkpoint)  # the safetensors file and meta.json only
     arch_d = dict(meta["arch"])
     for k in ("layer_types", "target_layer_ids"):
         arch_d[k] = tuple(arch_d[k])
