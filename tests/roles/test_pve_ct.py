@@ -280,10 +280,12 @@ def test_create_true_makes_the_source_inside_an_existing_parent(
     again = run_role(tmp_path / "two", base_vars(pve, gpu_dev, **extra))
     assert again.rc == 0 and again.changed == 0, again.changed_tasks
     # A source whose parent is missing (an unmounted volume) is never made.
-    orphan = {"host_path": str(tmp_path / "unmounted" / "workspace"), "mount_point": "/workspace", "create": True}
+    orphan = {"host_path": str(tmp_path / "unmounted" / "workspace"), "mount_point": "/workspace",
+              "create": True}
     res = run_role(tmp_path / "three", base_vars(pve, gpu_dev, pve_ct_vmid=233, pve_ct_hostname="ct233",
                                                  pve_ct_bind_mounts=[orphan]))
-    assert res.rc != 0 and any("mount the volume that holds it first" in f for f in res.failures), res.failures
+    assert res.rc != 0
+    assert any("mount the volume that holds it first" in f for f in res.failures), res.failures
     assert not (tmp_path / "unmounted").exists() and "233" not in pve.state()["cts"]
 
 

@@ -16,7 +16,6 @@ from proxmoxer.core import ResourceException
 from pve_run import PveDouble, bind_source, default_state, fake_gpu_dev, run_role
 
 
-
 @pytest.fixture()
 def pve(tmp_path: Path) -> Iterator[PveDouble]:
     double = PveDouble(tmp_path / "pve")

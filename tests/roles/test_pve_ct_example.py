@@ -1,7 +1,8 @@
 """`ansible-playbook playbooks/container.yml -i inventory/example --check --diff` against the Proxmox API
 double: the production inventory, with only the endpoint, secrets and device directory pointed at this
-machine (and the bind mount's source, which must exist), plans CT 200 (create, 8 GPUs, the bind mount) without writing anything, and stops for the container
-that does not exist yet instead of failing on it. A real Proxmox VE cannot run here."""
+machine (and the bind mount's source, which must exist), plans CT 200 (create, 8 GPUs, the bind mount)
+without writing anything, and stops for the container that does not exist yet instead of failing on it.
+A real Proxmox VE cannot run here."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_example_inventory_check_mode_shows_the_plan(tmp_path: Path) -> None:
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
         assert "would download local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst" in out
-        assert f"{bind_source(tmp_path)},mp=/workspace" in out and f"{dev}/nvidia7" in out  # the diff of CT 200
+        # the diff of CT 200
+        assert f"{bind_source(tmp_path)},mp=/workspace" in out and f"{dev}/nvidia7" in out
         assert "ct200" in out and "unreachable=0" in out
         assert pve.state()["cts"] == {}
         assert [

@@ -8,7 +8,10 @@ import json
 
 import pytest
 
-ENTRY = "Advanced options for Debian GNU/Linux>Debian GNU/Linux, with Linux {}"
+# The stand-in's grub.cfg, as grub-mkconfig writes it on a PVE host with a plain /boot (ids carry the
+# filesystem UUID); the role resolves entries from it.
+UUID = "6f1d2a4e-0c0b-4d0e-9a55-3b1f2c7d8e90"
+ENTRY = f"gnulinux-advanced-{UUID}>gnulinux-{{}}-advanced-{UUID}"
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +48,8 @@ def test_one_boot_then_default(host, release):
         f"grub-set-default {ENTRY.format(old)}",
         "update-grub",
         f"zz-fake-boot {release} /boot/vmlinuz-{release}",
+        "grub-probe --target=abstraction /boot/grub",
+        "grub-probe --target=fs /boot/grub",
         "grub-editenv /boot/grub/grubenv list",
         f"grub-reboot {ENTRY.format(release)}",
         f"reboot -> {release}",

@@ -23,13 +23,21 @@ bootctl set-oneshot ID  (systemd bootctl): sets the EFI variable LoaderEntryOneS
 grub-reboot ENTRY  (grub2-common /usr/sbin/grub-reboot:157): `grub-editenv grubenv set next_entry=ENTRY`.
 grub-set-default ENTRY  (/usr/sbin/grub-set-default:132-134): unset prev_saved_entry and next_entry,
   set saved_entry=ENTRY.
-grub-editenv FILE list|set K=V|unset K: the grubenv block.
-update-grub  (grub-mkconfig: sources /etc/default/grub then /etc/default/grub.d/*.cfg): GRUB_DEFAULT
-  (empty -> 0; saved -> ${saved_entry}, 00_header:38-39) and GRUB_CMDLINE_LINUX for every entry; entries
-  newest first (10_linux: version_find_latest), so GRUB_DEFAULT=0 boots the newest kernel. The generated
-  config is kept as JSON in /var/lib/fake-boot/grub.json (the stand-in of /boot/grub/grub.cfg).
-fake-reboot: the machine. GRUB: `next_entry` set -> boot it and clear it (00_header:68-71, grub clears
-  it itself at boot), else the default. systemd-boot: LoaderEntryOneShot (consumed), else loader.conf.
+grub-editenv FILE list|set K=V|unset K: the grubenv block (from Linux it writes through the mounted
+  filesystem, so it works on LVM too; only GRUB itself cannot write there, see fake-reboot).
+grub-probe --target=abstraction|fs|fs_uuid /boot/grub: the host's /boot as install.yml described it
+  (fake_grub_boot: plain -> no abstraction, fs ext2; lvm -> abstraction lvm).
+update-grub  (grub-mkconfig): writes /boot/grub/grub.cfg as Debian's 00_header and 10_linux write it
+  on Proxmox VE 8 (GRUB 2.06) and 9 (GRUB 2.12), from /etc/default/grub and /etc/default/grub.d/*.cfg
+  (proxmox-ve.cfg: GRUB_DISTRIBUTOR="Proxmox VE"): titles 'Proxmox VE GNU/Linux, with Linux V', ids
+  gnulinux-V-advanced-FSUUID, the submenu 'Advanced options for Proxmox VE GNU/Linux' unless
+  GRUB_DISABLE_SUBMENU=y, entry 0 = the newest kernel (update_grub cites each rule).
+fake-reboot: the machine. GRUB: 00_header's next_entry block boots next_entry and clears it with
+  save_env, which fails where GRUB cannot write /boot/grub (LVM, md-raid: "diskfilter writes are not
+  supported"; ZFS, btrfs): there next_entry stays and boots again and again. Else the default
+  (GRUB_DEFAULT, ${saved_entry} for saved). Entries are resolved as grub-core/normal/menu.c does: title
+  or id per `>` level; an unknown entry boots entry 0, the newest kernel.
+  systemd-boot: LoaderEntryOneShot (consumed), else loader.conf.
   A release listed in /var/lib/fake-boot/broken panics: with panic=N (N>0) on its command line it
   reboots after N s and the loader decides again; without it the host sits at the panic (exit 1, needs
   a hand). A release in /var/lib/fake-boot/hang hangs: only a hardware watchdog (the systemd drop-in
@@ -45,18 +53,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-D = Path("/var/lib/fake-boot")
-ESP_LIST = Path("/etc/kernel/proxmox-boot-uuids")
-PIN = Path("/etc/kernel/proxmox-boot-pin")
-NEXT_PIN = Path("/etc/kernel/next-boot-pin")
-MANUAL = Path("/etc/kernel/proxmox-boot-manual-kernels")
-CMDLINE = Path("/etc/kernel/cmdline")
+# FAKE_BOOT_ROOT: the simulated machine's root (unit tests run the stand-in in a temporary tree).
+ROOT = Path(os.environ.get("FAKE_BOOT_ROOT", "/"))
+D = ROOT / "var/lib/fake-boot"
+BOOT = ROOT / "boot"
+ESP_LIST = ROOT / "etc/kernel/proxmox-boot-uuids"
+PIN = ROOT / "etc/kernel/proxmox-boot-pin"
+NEXT_PIN = ROOT / "etc/kernel/next-boot-pin"
+MANUAL = ROOT / "etc/kernel/proxmox-boot-manual-kernels"
+CMDLINE = ROOT / "etc/kernel/cmdline"
 ESP = D / "esp"
 ONESHOT = D / "efivars" / "LoaderEntryOneShot"
-GRUBENV = Path("/boot/grub/grubenv")
-GRUB_CFG = D / "grub.json"
-GRUB_PIN_SNIPPET = Path("/etc/default/grub.d/proxmox-kernel-pin.cfg")
-ENTRY_PREFIX = "Advanced options for Debian GNU/Linux>Debian GNU/Linux, with Linux "
+GRUBENV = BOOT / "grub/grubenv"
+GRUB_CFG = BOOT / "grub/grub.cfg"
+# What grub-probe would find under /boot/grub: {"grub": "2.06"|"2.12", "abstraction": "lvm" or "",
+# "fs": "ext2", "fs_uuid": ..., "root": the root= of 10_linux, "access": the lines of
+# prepare_grub_to_access_device}; written by install.yml.
+GRUB_HOST = D / "grub-host.json"
+GRUB_PIN_SNIPPET = ROOT / "etc/default/grub.d/proxmox-kernel-pin.cfg"
 
 
 def log(line):
@@ -78,9 +92,7 @@ def vkey(v):
 
 
 def installed():
-    return sorted(
-        (p.name[len("vmlinuz-") :] for p in Path("/boot").glob("vmlinuz-*")), key=vkey, reverse=True
-    )
+    return sorted((p.name[len("vmlinuz-") :] for p in BOOT.glob("vmlinuz-*")), key=vkey, reverse=True)
 
 
 def running():
@@ -124,37 +136,215 @@ def grub_editenv(args):
     grubenv_write(env)
 
 
-def grub_entry_release(entry):
-    cfg = json.loads(GRUB_CFG.read_text()) if GRUB_CFG.exists() else {"entries": []}
-    for e in cfg["entries"]:
-        if entry in (e["title"], e["id"]):
-            return e["release"]
-    if entry.isdigit() and int(entry) < len(cfg["entries"]):
-        return cfg["entries"][int(entry)]["release"]
+def grub_host():
+    return json.loads(GRUB_HOST.read_text()) if GRUB_HOST.exists() else {}
+
+
+def grub_probe(args):
+    """grub-probe --target=abstraction|fs|fs_uuid PATH: what GRUB sees under /boot/grub.
+
+    abstraction lists the disk abstraction modules (lvm, diskfilter, mdraid1x, cryptodisk, ...) GRUB
+    needs to reach the path; fs is GRUB's filesystem module (ext2 for ext2/3/4)."""
+    target = ""
+    for i, a in enumerate(args):
+        if a.startswith("--target="):
+            target = a.split("=", 1)[1]
+        elif a == "-t" and i + 1 < len(args):
+            target = args[i + 1]
+    host = grub_host()
+    if target not in ("abstraction", "fs", "fs_uuid"):
+        die(f"grub-probe stand-in: unsupported target {target!r}", 2)
+    value = host.get(target, "")
+    if value:
+        print(value)
+
+
+def grub_unwritable():
+    """Why GRUB cannot write its environment block at boot, or "".
+
+    grub-core/commands/loadenv.c (save_env) writes the grubenv file's blocks through the disk driver;
+    grub-core/disk/diskfilter.c (LVM, md-raid) refuses: "diskfilter writes are not supported". ZFS and
+    btrfs give no writable block list either. Debian's 00_header (debian/patches/quick-boot.patch,
+    check_writable) tests exactly this: `grub-probe --target=abstraction` diskfilter|lvm, `--target=fs`
+    btrfs|cpiofs|newc|odc|romfs|squash4|tarfs|zfs."""
+    host = grub_host()
+    if host.get("abstraction"):
+        return "diskfilter writes are not supported"
+    if host.get("fs") in ("btrfs", "cpiofs", "newc", "odc", "romfs", "squash4", "tarfs", "zfs"):
+        return f"{host['fs']} writes are not supported"
     return ""
 
 
-def update_grub(_args):
-    # grub-mkconfig sources /etc/default/grub and then every /etc/default/grub.d/*.cfg, in shell.
+def grub_defaults():
+    """grub-mkconfig: source /etc/default/grub, then every /etc/default/grub.d/*.cfg, in shell."""
+    names = [
+        "GRUB_DEFAULT",
+        "GRUB_DISTRIBUTOR",
+        "GRUB_CMDLINE_LINUX",
+        "GRUB_CMDLINE_LINUX_DEFAULT",
+        "GRUB_DISABLE_SUBMENU",
+        "GRUB_DISABLE_RECOVERY",
+    ]
+    etc = ROOT / "etc/default"
     script = (
-        "set -e; [ ! -f /etc/default/grub ] || . /etc/default/grub; "
-        'for x in /etc/default/grub.d/*.cfg; do [ ! -e "$x" ] || . "$x"; done; '
-        'printf "%s\\n%s\\n" "$GRUB_DEFAULT" "$GRUB_CMDLINE_LINUX $GRUB_CMDLINE_LINUX_DEFAULT"'
+        f"set -e; [ ! -f {etc}/grub ] || . {etc}/grub; "
+        f'for x in {etc}/grub.d/*.cfg; do [ ! -e "$x" ] || . "$x"; done; '
+        + "; ".join(f'printf "%s\\n" "${n}"' for n in names)
     )
     out = subprocess.run(["sh", "-c", script], check=True, capture_output=True, text=True).stdout.split("\n")
-    default = out[0] or "0"
-    cmdline = " ".join(out[1].split())
-    entries = [
-        {
-            "title": ENTRY_PREFIX + v,
-            "id": f"gnulinux-advanced-fake>gnulinux-{v}-advanced-fake",
-            "release": v,
-            "cmdline": cmdline,
-        }
-        for v in installed()
+    return dict(zip(names, out, strict=False))
+
+
+def grub_quote(s):
+    # grub-mkconfig_lib grub_quote: sed "s/'/'\\\\''/g"
+    return s.replace("'", "'\\''")
+
+
+def update_grub(_args):
+    """A grub-mkconfig of Debian's GRUB (2.06 on PVE 8/bookworm, 2.12 on PVE 9/trixie): writes
+    /boot/grub/grub.cfg as 00_header and 10_linux (util/grub.d/*.in) do.
+
+    00_header: GRUB_DEFAULT empty -> 0, saved -> ${saved_entry}; the next_entry block (load_env; if
+      next_entry: default=next_entry, clear it, save_env next_entry, boot_once) comes first.
+    10_linux: OS="${GRUB_DISTRIBUTOR} GNU/Linux" (Debian 2.12's mkconfig-distributor.patch keeps a
+      GRUB_DISTRIBUTOR that already ends in GNU/Linux), class --class <first word, lower case>; kernels
+      version-sorted newest first; the newest gets the top-level simple entry 'OS' (id
+      gnulinux-simple-FSUUID) and opens submenu 'Advanced options for OS' (id gnulinux-advanced-FSUUID)
+      unless GRUB_DISABLE_SUBMENU is y/yes/true; every kernel gets 'OS, with Linux V' (id
+      gnulinux-V-advanced-FSUUID) and, unless GRUB_DISABLE_RECOVERY=true, 'OS, with Linux V (recovery
+      mode)' (gnulinux-V-recovery-FSUUID, args "single ${GRUB_CMDLINE_LINUX}"). FSUUID is the root
+      filesystem's UUID (grub_get_device_id); root= is /dev/mapper/... on LVM (uses_abstraction lvm),
+      else UUID=."""
+    host = grub_host()
+    cfg = grub_defaults()
+    default = cfg["GRUB_DEFAULT"] or "0"
+    default = "${saved_entry}" if default == "saved" else default
+    dist = cfg["GRUB_DISTRIBUTOR"]
+    if not dist:
+        os_name = "GNU/Linux"
+    elif host.get("grub") == "2.12" and (dist in ("Ubuntu", "Kubuntu") or dist.endswith("GNU/Linux")):
+        os_name = dist
+    else:
+        os_name = f"{dist} GNU/Linux"
+    cls = (
+        f"--class {re.sub(r'[^A-Za-z0-9_]', '_', dist.split()[0].lower())} " if dist else ""
+    ) + "--class gnu-linux --class gnu --class os"
+    uuid = host.get("fs_uuid", "00000000-0000-0000-0000-000000000000")
+    root = host.get("root", f"UUID={uuid}")
+    access = host.get("access", ["insmod part_gpt", "insmod ext2"])
+    args = " ".join(f"{cfg['GRUB_CMDLINE_LINUX']} {cfg['GRUB_CMDLINE_LINUX_DEFAULT']}".split())
+    rec_args = " ".join(f"single {cfg['GRUB_CMDLINE_LINUX']}".split())
+    submenu = cfg["GRUB_DISABLE_SUBMENU"] not in ("y", "yes", "true")
+    out = [
+        "#",
+        "# DO NOT EDIT THIS FILE",
+        "#",
+        "# It is automatically generated by grub-mkconfig using templates",
+        "# from /etc/grub.d and settings from /etc/default/grub",
+        "#",
+        "",
+        "### BEGIN /etc/grub.d/00_header ###",
+        "if [ -s $prefix/grubenv ]; then",
+        "  set have_grubenv=true",
+        "  load_env",
+        "fi",
+        'if [ "${next_entry}" ] ; then',
+        '   set default="${next_entry}"',
+        "   set next_entry=",
+        "   save_env next_entry",
+        "   set boot_once=true",
+        "else",
+        f'   set default="{default}"',
+        "fi",
+        "",
+        "function savedefault {",
+        '  if [ -z "${boot_once}" ]; then',
+        '    saved_entry="${chosen}"',
+        "    save_env saved_entry",
+        "  fi",
+        "}",
+        "### END /etc/grub.d/00_header ###",
+        "",
+        "### BEGIN /etc/grub.d/10_linux ###",
     ]
-    GRUB_CFG.write_text(json.dumps({"default": default, "entries": entries}, indent=1))
-    print(f"Generating grub configuration file ... default={default}")
+
+    def entry(title, entry_id, version, entry_args, indent):
+        body = [
+            f"menuentry '{grub_quote(title)}' {cls} $menuentry_id_option '{entry_id}' {{",
+            "\tload_video",
+            "\tinsmod gzio",
+            "\tif [ x$grub_platform = xxen ]; then insmod xzio; insmod lzopio; fi",
+            *(f"\t{a}" for a in access),
+            f"\techo\t'Loading Linux {version} ...'",
+            f"\tlinux\t/boot/vmlinuz-{version} root={root} ro {entry_args}".rstrip(),
+            "\techo\t'Loading initial ramdisk ...'",
+            f"\tinitrd\t/boot/initrd.img-{version}",
+            "}",
+        ]
+        return [indent + ln for ln in body]
+
+    indent = ""
+    for n, v in enumerate(installed()):
+        if n == 0 and submenu:
+            out += entry(os_name, f"gnulinux-simple-{uuid}", v, args, "")
+            out.append(
+                f"submenu 'Advanced options for {grub_quote(os_name)}' $menuentry_id_option "
+                f"'gnulinux-advanced-{uuid}' {{"
+            )
+            indent = "\t"
+        out += entry(f"{os_name}, with Linux {v}", f"gnulinux-{v}-advanced-{uuid}", v, args, indent)
+        if cfg["GRUB_DISABLE_RECOVERY"] != "true":
+            title = f"{os_name}, with Linux {v} (recovery mode)"
+            out += entry(title, f"gnulinux-{v}-recovery-{uuid}", v, rec_args, indent)
+    if indent:
+        out.append("}")
+    out += ["", "### END /etc/grub.d/10_linux ###", ""]
+    GRUB_CFG.parent.mkdir(parents=True, exist_ok=True)
+    GRUB_CFG.write_text("\n".join(out))
+    print("Generating grub configuration file ...", file=sys.stderr)
+
+
+_GRUB_ITEM = re.compile(
+    r"^\s*(menuentry|submenu) '((?:[^']|'\\'')*)'.*?(?:\$menuentry_id_option '([^']*)')? \{$"
+)
+
+
+def grub_menu():
+    """GRUB's reading of grub.cfg: (default expression, menu tree of menuentry/submenu items)."""
+    text = GRUB_CFG.read_text()
+    default = re.findall(r'^\s*set default="(.*)"\s*$', text, re.M)
+    default = [d for d in default if d != "${next_entry}"]
+    top = {"children": []}
+    stack = [top]
+    for line in text.splitlines():
+        m = _GRUB_ITEM.match(line)
+        if m:
+            item = {"kind": m[1], "title": m[2].replace("'\\''", "'"), "id": m[3] or "", "children": []}
+            stack[-1]["children"].append(item)
+            stack.append(item)
+        elif re.match(r"^\s*function \S+ \{$", line):
+            stack.append({"children": []})
+        elif line.strip() == "}":
+            stack.pop()
+        elif stack[-1].get("kind") == "menuentry" and re.match(r"^\s*linux\s", line):
+            stack[-1]["linux"] = line.split(None, 2)[1:]
+    return (default[0] if default else "0"), top["children"]
+
+
+def grub_pick(items, spec):
+    """grub-core/normal/menu.c: a number, or title-or-id matched one `>` component at a time (`>>` is a
+    literal `>`, menuentry_eq); a submenu gets the rest as its default. "If DEFAULT_ENTRY is not within
+    the menu entries, fall back to the first entry" (run_menu): an unknown entry boots entry 0."""
+    parts = re.split(r"(?<!>)>(?!>)", spec, maxsplit=1) if spec else [""]
+    head, rest = parts[0].replace(">>", ">"), (parts[1] if len(parts) > 1 else "")
+    if head.isdigit():
+        idx = int(head)
+    else:
+        idx = next((i for i, it in enumerate(items) if head and head in (it["title"], it["id"])), -1)
+    if not 0 <= idx < len(items):
+        idx, rest = 0, ""
+    item = items[idx]
+    return grub_pick(item["children"], rest) if item["kind"] == "submenu" else item
 
 
 def grub_reboot(args):
@@ -178,27 +368,34 @@ def grub_set_default(args):
 
 
 def grub_boot():
-    """What GRUB boots now (consuming next_entry as 00_header does); returns (release, cmdline)."""
+    """What GRUB boots now (00_header consumes next_entry); returns (release, cmdline)."""
     if not GRUB_CFG.exists():
         die("fake firmware: no grub.cfg (update-grub never ran): the machine does not boot")
-    cfg = json.loads(GRUB_CFG.read_text())
+    default, menu = grub_menu()
     env = grubenv_read()
     if env.get("next_entry"):
-        entry = env["next_entry"]
-        env["next_entry"] = ""  # set next_entry=; save_env next_entry
-        grubenv_write(env)
+        spec = env["next_entry"]
+        why = grub_unwritable()
+        if why:
+            # save_env next_entry fails: GRUB prints the error and boots on; next_entry stays set.
+            log(f"grub: save_env next_entry: error: {why}")
+        else:
+            env["next_entry"] = ""  # set next_entry=; save_env next_entry
+            grubenv_write(env)
     else:
-        entry = env.get("saved_entry", "") if cfg["default"] == "saved" else cfg["default"]
-    rel = grub_entry_release(entry) or (cfg["entries"][0]["release"] if cfg["entries"] else "")
-    cmd = next((e["cmdline"] for e in cfg["entries"] if e["release"] == rel), "")
-    return rel, cmd
+        spec = default.replace("${saved_entry}", env.get("saved_entry", ""))
+    if not menu:
+        die("fake firmware: grub.cfg has no menu entry: the machine does not boot")
+    item = grub_pick(menu, spec)
+    image, args = (item.get("linux") or ["", ""]) + [""] * (2 - len(item.get("linux") or []))
+    return image.rsplit("vmlinuz-", 1)[-1], args
 
 
 # ---- proxmox-boot-tool / systemd-boot ---------------------------------------------------------------
 def boot_kernel_list(install_version=""):
     manual = MANUAL.read_text().split() if MANUAL.exists() else []
     cand = [running(), install_version, *manual, first_line(PIN), first_line(NEXT_PIN)]
-    return sorted({k for k in cand if k and (Path("/boot") / f"vmlinuz-{k}").exists()}, key=vkey)
+    return sorted({k for k in cand if k and (BOOT / f"vmlinuz-{k}").exists()}, key=vkey)
 
 
 def pbt_refresh(install_version=""):
@@ -213,7 +410,7 @@ def pbt_refresh(install_version=""):
     entries.mkdir(parents=True, exist_ok=True)
     keep = boot_kernel_list(install_version)
     for k in keep:
-        if not (Path("/boot") / f"initrd.img-{k}").exists():
+        if not (BOOT / f"initrd.img-{k}").exists():
             print(f"No initrd-image /boot/initrd.img-{k} found - skipping", file=sys.stderr)
             continue
         (entries / f"proxmox-{k}.conf").write_text(
@@ -234,7 +431,7 @@ def proxmox_boot_tool(args):
         if len(args) < 3:
             die("E: <kernel-version> is mandatory")
         ver, next_boot = args[2], args[3:4] == ["--next-boot"]
-        if not (Path("/boot") / f"vmlinuz-{ver}").exists():
+        if not (BOOT / f"vmlinuz-{ver}").exists():
             die(f"E: no kernel image found in /boot for '{ver}', not setting default.")
         (NEXT_PIN if next_boot else PIN).write_text(ver + "\n")
         if ESP_LIST.exists():
@@ -243,8 +440,9 @@ def proxmox_boot_tool(args):
         else:
             pin_ver = first_line(NEXT_PIN) or ver
             GRUB_PIN_SNIPPET.parent.mkdir(parents=True, exist_ok=True)
+            uuid = grub_host().get("fs_uuid", "")
             GRUB_PIN_SNIPPET.write_text(
-                f'GRUB_DEFAULT="gnulinux-advanced-fake>gnulinux-{pin_ver}-advanced-fake"\n'
+                f'GRUB_DEFAULT="gnulinux-advanced-{uuid}>gnulinux-{pin_ver}-advanced-{uuid}"\n'
             )
             update_grub([])
     elif sub == "kernel unpin":
@@ -254,15 +452,16 @@ def proxmox_boot_tool(args):
         if not ESP_LIST.exists():
             pinned = first_line(PIN)
             if pinned:
+                uuid = grub_host().get("fs_uuid", "")
                 GRUB_PIN_SNIPPET.write_text(
-                    f'GRUB_DEFAULT="gnulinux-advanced-fake>gnulinux-{pinned}-advanced-fake"\n'
+                    f'GRUB_DEFAULT="gnulinux-advanced-{uuid}>gnulinux-{pinned}-advanced-{uuid}"\n'
                 )
             else:
                 GRUB_PIN_SNIPPET.unlink(missing_ok=True)
             update_grub([])
     elif sub == "kernel add":
         ver = args[2]
-        if not (Path("/boot") / f"vmlinuz-{ver}").exists():
+        if not (BOOT / f"vmlinuz-{ver}").exists():
             die(f"E: no kernel image found in /boot for '{ver}', not adding.")
         manual = set(MANUAL.read_text().split()) if MANUAL.exists() else set()
         MANUAL.write_text("".join(f"{k}\n" for k in sorted(manual | {ver})))
@@ -322,8 +521,8 @@ def sdboot_boot():
 # ---- the machine ------------------------------------------------------------------------------------
 def watchdog_armed():
     conf = (
-        " ".join(p.read_text() for p in Path("/etc/systemd/system.conf.d").glob("*.conf"))
-        if Path("/etc/systemd/system.conf.d").exists()
+        " ".join(p.read_text() for p in (ROOT / "etc/systemd/system.conf.d").glob("*.conf"))
+        if (ROOT / "etc/systemd/system.conf.d").exists()
         else ""
     )
     return bool(re.search(r"^RuntimeWatchdogSec=([1-9]\d*)", conf, re.M))
@@ -355,7 +554,7 @@ def fake_reboot(_args):
             continue
         (D / "running").write_text(rel + "\n")
         log(f"reboot -> {rel}")
-        if NEXT_PIN.exists() and Path("/usr/local/sbin/proxmox-boot-tool").exists():
+        if NEXT_PIN.exists() and (ROOT / "usr/local/sbin/proxmox-boot-tool").exists():
             # proxmox-boot-cleanup.service, ConditionPathExists=/etc/kernel/next-boot-pin, in userspace
             NEXT_PIN.unlink()
             pbt_refresh()
@@ -382,6 +581,7 @@ TOOLS = {
     "grub-set-default": grub_set_default,
     "grub-editenv": grub_editenv,
     "update-grub": update_grub,
+    "grub-probe": grub_probe,
     "fake-reboot": fake_reboot,
     "zz-fake-boot": kernel_postinst,
 }

@@ -7,10 +7,12 @@ panic=N sits there. The old sequence (pin --next-boot without refresh, no panic=
 the .deb install) ends with the host down or on the new kernel here, so these tests fail on it.
 """
 
+import json
+
 import pytest
 
 NEW = "6.12.0-untested"
-GRUB_ENTRY = "Advanced options for Debian GNU/Linux>Debian GNU/Linux, with Linux {}"
+GRUB_HOSTS = ("panic-grub", "hang-watchdog", "lvm-refused", "zfs-refused")
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,18 @@ def state(host):
         f = host.file(path)
         return f.content_string.strip() if f.exists else ""
 
+    grub_host = json.loads(read("/var/lib/fake-boot/grub-host.json") or "{}")
+    uuid = grub_host.get("fs_uuid", "")
+    submenu = "GRUB_DISABLE_SUBMENU=y" not in read("/etc/default/grub").splitlines()
+
+    def grub_entry(release):
+        # What grub-mkconfig's 10_linux names the kernel's advanced entry on this host (by id).
+        entry = f"gnulinux-{release}-advanced-{uuid}"
+        return f"gnulinux-advanced-{uuid}>{entry}" if submenu else entry
+
     return {
+        "grub_entry": grub_entry,
+        "grub_cfg": read("/boot/grub/grub.cfg"),
         "old": read("/var/lib/fake-boot/initial"),
         "running": read("/var/lib/fake-boot/running"),
         "unplanned": read("/root/after-unplanned-reboot.txt"),
@@ -46,6 +59,7 @@ def test_the_play_failed_and_says_why(name, state):
         "panic-grub": f"{NEW} did not come up: the host booted {state['old']}",
         "check-sdboot": "`modprobe nvidia` exited 1",
         "hang-watchdog": f"{NEW} did not come up: the host booted {state['old']}",
+        "lvm-refused": f"refusing to reboot lvm-refused into {NEW}: GRUB reaches /boot/grub through lvm",
         "zfs-refused": f"refusing to reboot zfs-refused into {NEW}: the host keeps ZFS pools rpool",
     }[name]
     assert why in state["msg"], state["msg"]
@@ -71,19 +85,34 @@ def test_old_kernel_is_still_the_permanent_default(name, state):
         assert f"default proxmox-{state['old']}.conf" in state["loader_conf"]
         assert state["oneshot"] == "", "LoaderEntryOneShot left behind"
     else:
-        assert f"saved_entry={GRUB_ENTRY.format(state['old'])}" in state["grubenv"]
+        assert f"saved_entry={state['grub_entry'](state['old'])}" in state["grubenv"]
         assert not any(e.startswith("next_entry=") and e != "next_entry=" for e in state["grubenv"]), state[
             "grubenv"
         ]
 
 
 def test_no_permanent_pin_of_the_new_kernel(state):
-    bad = (f"proxmox-boot-tool kernel pin {NEW}", f"grub-set-default {GRUB_ENTRY.format(NEW)}")
+    bad = ("proxmox-boot-tool kernel pin " + NEW, "grub-set-default " + state["grub_entry"](NEW))
     assert not [c for c in state["calls"] if c.startswith(bad)]
+
+
+def test_grub_entries_come_from_the_generated_menu(name, state):
+    """The entries the role handed to grub-set-default/grub-reboot are ids grub-mkconfig wrote on this
+    Proxmox VE host, not a title made up from a template (GRUB would boot entry 0, the newest kernel)."""
+    if name not in GRUB_HOSTS:
+        pytest.skip("systemd-boot")
+    cfg = state["grub_cfg"]
+    assert "menuentry 'Proxmox VE GNU/Linux, with Linux " in cfg
+    used = [c.split(" ", 1)[1] for c in state["calls"] if c.startswith(("grub-set-default ", "grub-reboot "))]
+    assert used, state["calls"]
+    for entry in used:
+        for part in entry.split(">"):
+            assert f"$menuentry_id_option '{part}' {{" in cfg, (part, entry)
 
 
 def test_boot_sequence_of_each_loader(name, state):
     old = state["old"]
+    probe = ["grub-probe --target=abstraction /boot/grub", "grub-probe --target=fs /boot/grub"]
     after_install = state["calls"][state["calls"].index(f"zz-fake-boot {NEW} /boot/vmlinuz-{NEW}") + 1 :]
     expected = {
         # One-shot via systemd-boot's LoaderEntryOneShot; the panic reboots (panic=10) and the loader,
@@ -100,8 +129,9 @@ def test_boot_sequence_of_each_loader(name, state):
         ],
         "panic-grub": [
             f"reboot -> {old}",
+            *probe,
             "grub-editenv /boot/grub/grubenv list",
-            f"grub-reboot {GRUB_ENTRY.format(NEW)}",
+            f"grub-reboot {state['grub_entry'](NEW)}",
             f"reboot -> {NEW} (panic, panic=10 reboots)",
             f"reboot -> {old}",
             "grub-editenv /boot/grub/grubenv unset next_entry",
@@ -119,14 +149,22 @@ def test_boot_sequence_of_each_loader(name, state):
         ],
         "hang-watchdog": [
             f"reboot -> {old}",
+            *probe,
             "grub-editenv /boot/grub/grubenv list",
-            f"grub-reboot {GRUB_ENTRY.format(NEW)}",
+            f"grub-reboot {state['grub_entry'](NEW)}",
             f"reboot -> {NEW} (hang, watchdog reset)",
             f"reboot -> {old}",
             "grub-editenv /boot/grub/grubenv unset next_entry",
         ],
+        # Refused before any change: GRUB cannot clear next_entry on LVM. Nothing after the probe.
+        "lvm-refused": [f"reboot -> {old}", *probe],
         # Refused before any reboot: the only reboot is the simulated power cut.
-        "zfs-refused": [f"reboot -> {old}", "zpool list -H -o name", f"modinfo -k {NEW} -F version zfs"],
+        "zfs-refused": [
+            f"reboot -> {old}",
+            *probe,
+            "zpool list -H -o name",
+            f"modinfo -k {NEW} -F version zfs",
+        ],
     }[name]
     assert after_install == expected
 
