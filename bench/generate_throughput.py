@@ -9,8 +9,8 @@ theoretical capacity is N * capacity / latency completions/s. The generator runs
 
     python bench/generate_throughput.py [--endpoints 7] [--capacity 64] [--latency 60] [--waves 3]
 
-The default latency, 60 s, is still short for the job this models: the seeds' 914K thinking-mode
-completions on 7 x 64 slots took days, about 170 s per completion. The loss is a fixed start (probes,
+The default latency, 60 s, is still short for the job this models: regenerating 914K thinking-mode
+completions on 7 x 64 slots takes days, about 170 s per completion. The loss is a fixed start (probes,
 opening one connection per slot) plus the client's reaction time at each completion (~0.1 s when a
 whole window finishes at once, as it does here), so shorter latencies show a smaller share:
 `--latency 20` measures that worst case. The doubles count their service time from admission, so their
@@ -84,6 +84,7 @@ def main() -> int:
 
     from trainer.config import load_run_config
     from trainer.generate.cli import stage
+    from trainer.layout import RunLayout
 
     logging.basicConfig(level=logging.WARNING)
     n = args.waves * args.endpoints * args.capacity
@@ -105,7 +106,7 @@ def main() -> int:
             cpu0 = cpu_seconds()
             rc = stage(cfg)
             cpu = cpu_seconds() - cpu0
-            summary = json.loads((cfg.run_path / "generated" / "_state" / "summary.json").read_text())
+            summary = json.loads(RunLayout.of(cfg).generate_summary.read_text())
     finally:
         for proc in procs:
             proc.kill()

@@ -123,7 +123,8 @@ def test_node_rank_without_print_torchrun_is_refused_before_any_run(capsys):
 
 
 def test_print_torchrun_of_a_one_process_run_is_refused(capsys):
-    assert main(["train", str(REPO / "files/runs/overfit.yml"), "--print-torchrun"]) == EXIT_BAD_INPUT
+    overfit = str(REPO / "tests/fixtures/runs/overfit.yml")
+    assert main(["train", overfit, "--print-torchrun"]) == EXIT_BAD_INPUT
     assert "trains in one process" in one_line(capsys)
 
 

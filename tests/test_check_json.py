@@ -1,4 +1,5 @@
-"""`python -m trainer check --json`: what the playbooks need, from the trainer (issue 16)."""
+"""`python -m trainer check --json`: what the playbooks need, from the trainer, so they
+need not restate its defaults."""
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from trainer.config import ConfigError, RunConfig, load_run_config, to_dict
+from trainer.layout import RunLayout
 
 MINIMAL = "target:\n  path: /models/tiny\n"
 
@@ -21,7 +22,7 @@ def test_minimal_config_loads_with_defaults(tmp_path):
     assert isinstance(cfg, RunConfig)
     assert cfg.name == "myrun"
     assert cfg.target.path == "/models/tiny"
-    assert cfg.run_path == Path("runs/myrun")
+    assert RunLayout.of(cfg).root == Path("runs/myrun")
     assert cfg.s3.enabled is False
 
 

@@ -54,9 +54,9 @@ def test_base_resolves_a_relative_run_dir_and_the_layout_is_frozen(tmp_path):
         lay.root = Path("/x")  # type: ignore[misc]
 
 
-def test_run_path_is_the_layout_root(tmp_path):
+def test_the_layout_root_is_run_dir_with_the_name_substituted(tmp_path):
     cfg = cfg_of(tmp_path, "run_dir: out/{name}-x\n")
-    assert cfg.run_path == RunLayout.of(cfg).root == Path("out/lay-x")
+    assert RunLayout.of(cfg).root == Path("out/lay-x")
 
 
 def test_the_generate_spool_is_where_the_layout_says(tmp_path):

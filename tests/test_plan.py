@@ -25,7 +25,7 @@ def plan(*args: str) -> subprocess.CompletedProcess[str]:
 def test_qwen36_27b_parameter_counts() -> None:
     t = read_model_config(FIXTURE)
     # 64 layers (48 gated-DeltaNet + 16 gated attention), untied 248320 x 5120 embeddings: ~26.9B,
-    # 53.8 GB in bf16 (DFLASH.md: ~55.6 GB with the vision tower, which the trainer never loads)
+    # 53.8 GB in bf16 (~55.6 GB with the vision tower, which the trainer never loads)
     assert target_params(t) == pytest.approx(26.9e9, rel=0.005)
     p = build_plan(load_run_config(RUN), t, 96)
     assert p.drafter_params == pytest.approx(1.73e9, rel=0.005)  # SpecForge's ~1.7B drafter

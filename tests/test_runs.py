@@ -1,4 +1,5 @@
-"""CI checks every shipped run: `python -m trainer check` (the real CLI) on each files/runs/*.yml."""
+"""CI checks every shipped run: `python -m trainer check` (the real CLI) on each files/runs/*.yml, and on
+the tests' own runs (tests/fixtures/runs/*.yml)."""
 from __future__ import annotations
 
 import subprocess
@@ -8,11 +9,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RUNS = sorted((REPO / "files/runs").glob("*.yml"))
+SHIPPED = sorted((REPO / "files/runs").glob("*.yml"))
+FIXTURES = sorted((REPO / "tests/fixtures/runs").glob("*.yml"))
+RUNS = SHIPPED + FIXTURES
 
 
 def test_the_production_runs_are_shipped() -> None:
-    assert {"tiny", "overfit", "qwen36-27b-dflash"} <= {p.stem for p in RUNS}
+    assert {"tiny", "qwen36-27b-dflash"} <= {p.stem for p in SHIPPED}
+    assert "overfit" in {p.stem for p in FIXTURES}  # a test's run, kept out of files/runs
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[p.stem for p in RUNS])

@@ -261,6 +261,27 @@ class TargetConfig:
     name: str = ""  # served model name on the SGLang endpoints (defaults to path's basename)
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "auto"
     stage_to: str = ""  # copy the model to fast local storage (e.g. /dev/shm) before use; "" = off
+    # Where train.yml fetches the model into `path` from, before the run (role model): hf://org/name,
+    # s3://bucket/prefix or an absolute path on the node; "" = `path` is already there.
+    source: str = ""
+    revision: str = ""  # commit sha of an hf:// source (40 hex digits: a branch moves); none for the others
+
+    def __post_init__(self) -> None:
+        src = self.source
+        if src.startswith("hf://"):
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", src[len("hf://"):]):
+                raise ValueError(f"target.source: {src!r} is not hf://org/name "
+                                 "(the revision goes in target.revision)")
+            if not re.fullmatch(r"[0-9a-f]{40}", self.revision):
+                raise ValueError(f"target.revision: {self.revision!r} is not a commit sha (40 hex digits); "
+                                 f"target.source {src} needs one, so that every node and re-run loads the "
+                                 "same weights (a branch such as main moves)")
+        elif self.revision:
+            raise ValueError(f"target.revision: {self.revision!r} is set, but only an hf:// target.source "
+                             "has a revision")
+        if src and not src.startswith(("hf://", "/")) and not re.fullmatch(r"s3://[^/]+(/.*)?", src):
+            raise ValueError(f"target.source: {src!r} is not hf://org/name, s3://bucket/prefix or an "
+                             "absolute path on the node")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -321,10 +342,3 @@ class RunConfig:
         check_ranges(self, "", {"seed": ">= 0"})
         if self.train.upload_checkpoints and not self.s3.enabled:
             raise ValueError("train.upload_checkpoints is set but s3.bucket is empty")
-
-    @property
-    def run_path(self) -> Path:
-        """The run directory (`trainer.layout.RunLayout` knows what lies under it)."""
-        from trainer.layout import RunLayout
-
-        return RunLayout.of(self).root

@@ -1,4 +1,4 @@
-"""The doctor: the seeds' disaster (87% empty responses) is refused with a report that says so; healthy
+"""The doctor: a set that is mostly empty responses (87%) is refused with a report that says so; healthy
 data passes; `check_doctor` (what `train` calls) refuses unchecked or refused data unless overridden."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from trainer.data.prepare import prepare
 from trainer.data.shards import MANIFEST, DataRefused, ShardDataset, check_doctor
 
 
-def seeds_disaster(n: int = 100) -> list[dict[str, Any]]:
+def mostly_empty(n: int = 100) -> list[dict[str, Any]]:
     """87% of the responses empty: the template tokens around nothing (loss_mask sum a constant)."""
     return [record(i, "", "") if i % 100 < 87 else healthy(i) for i in range(n)]
 
@@ -25,8 +25,8 @@ def _prepare(tmp: Path, tok_dir: Path, records: list[dict[str, Any]], **kw: Any)
     return prepare(tmp / "gen", tmp / "shards", tok_dir, num_workers=1, show_progress=False, **kw)
 
 
-def test_seeds_disaster_is_refused_with_a_report_that_says_so(tmp_path: Path, tiny_tok_dir: Path) -> None:
-    res = _prepare(tmp_path, tiny_tok_dir, seeds_disaster())
+def test_mostly_empty_set_is_refused_with_a_report_that_says_so(tmp_path: Path, tiny_tok_dir: Path) -> None:
+    res = _prepare(tmp_path, tiny_tok_dir, mostly_empty())
     v = res.verdict
     assert not v.passed
     assert v.stats["share"]["empty_response"] == pytest.approx(0.87)
@@ -87,7 +87,7 @@ def test_check_doctor_refuses_unchecked_and_changed_data(tmp_path: Path, tiny_to
 
 def test_doctor_cli_exit_codes_and_rejudging(tmp_path: Path, tiny_tok_dir: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    _prepare(tmp_path, tiny_tok_dir, seeds_disaster(100))
+    _prepare(tmp_path, tiny_tok_dir, mostly_empty(100))
     shards = str(tmp_path / "shards")
     assert main(["doctor", shards]) == 1
     assert "87.0% empty responses" in capsys.readouterr().out

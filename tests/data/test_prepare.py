@@ -50,8 +50,8 @@ def test_stage_reads_the_generator_output_and_passes(tmp_path: Path, tiny_tok_di
     assert len(m["source"]["files"]) == 2  # _state/ and manifest.json are not records
 
 
-def test_stage_refuses_the_seeds_disaster(tmp_path: Path, tiny_tok_dir: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_stage_refuses_a_mostly_empty_set(tmp_path: Path, tiny_tok_dir: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     recs = [record(i, "", "") if i % 100 < 87 else healthy(i) for i in range(100)]
     write_jsonl(tmp_path / "run" / "generated" / "part-00000-x.jsonl", recs)
     assert stage(load_run_config(_run_config(tmp_path, tiny_tok_dir))) == 1

@@ -91,7 +91,7 @@ def test_agent_conversation_with_tool_calls(qwen35_tok: Any) -> None:
 
 
 def test_mask_is_the_generated_text_when_the_prompt_opens_think(qwen35_tok: Any) -> None:
-    """With `<think>\\n` in the generation prompt, the mask still starts at `<think>` (DFLASH.md): the
+    """With `<think>\\n` in the generation prompt, the mask still starts at `<think>`: the
     supervised tokens are the prompt's `<think>\\n` plus everything the target generated after it."""
     conv = normalize(AGENT, "agent.jsonl:1")
     row = expand(conv, qwen35_tok, 4096)[-1]

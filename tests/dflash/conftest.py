@@ -12,6 +12,7 @@ import yaml
 from dflash_factory import random_rows, write_shards
 
 REPO = Path(__file__).resolve().parents[2]
+RUNS = REPO / "tests/fixtures/runs"  # the tests' own runs (overfit.yml)
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +29,13 @@ def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def make_run(tmp_path: Path, tiny_target_dir: Path) -> Callable[..., Path]:
-    """Write a run config (files/runs/overfit.yml or a dict) into tmp, with target/run_dir/shards set."""
+    """Write a run config (tests/fixtures/runs/NAME.yml or a dict) into tmp, with target, run_dir and
+    shards set."""
 
     def make(base: str | dict[str, Any] = "overfit", *,
              rows: Sequence[tuple[list[int], list[int]]] | None = None, doctor_passed: bool = True,
              **sections: dict[str, Any]) -> Path:
-        data = (yaml.safe_load((REPO / "files/runs" / f"{base}.yml").read_text()) if isinstance(base, str)
+        data = (yaml.safe_load((RUNS / f"{base}.yml").read_text()) if isinstance(base, str)
                 else dict(base))
         data["target"] = {**data.get("target", {}), "path": str(tiny_target_dir)}
         data["run_dir"] = str(tmp_path / "run")

@@ -11,6 +11,7 @@ import yaml
 from trainer.config import ConfigError, load_run_config
 
 REPO = Path(__file__).resolve().parents[2]
+OVERFIT = REPO / "tests/fixtures/runs/overfit.yml"
 
 
 def _write(tmp_path: Path, data: dict) -> Path:
@@ -20,7 +21,7 @@ def _write(tmp_path: Path, data: dict) -> Path:
 
 
 def test_unknown_key_is_named(tmp_path: Path) -> None:
-    data = yaml.safe_load((REPO / "files/runs/overfit.yml").read_text())
+    data = yaml.safe_load(OVERFIT.read_text())
     data["drafter"]["blok_size"] = 8
     with pytest.raises(ConfigError, match=r"unknown key drafter\.blok_size"):
         load_run_config(_write(tmp_path, data))
@@ -31,7 +32,7 @@ def test_unknown_key_is_named(tmp_path: Path) -> None:
 
 
 def test_ill_typed_and_invalid_values_are_named(tmp_path: Path) -> None:
-    p = REPO / "files/runs/overfit.yml"
+    p = OVERFIT
     with pytest.raises(ConfigError, match=r"train\.lr: expected a number"):
         load_run_config(p, ["train.lr=fast"])
     with pytest.raises(ConfigError, match=r"loss\.noise: 'pink' is not one of"):
@@ -43,7 +44,7 @@ def test_ill_typed_and_invalid_values_are_named(tmp_path: Path) -> None:
 
 
 def test_overrides_go_through_the_loader() -> None:
-    cfg = load_run_config(REPO / "files/runs/overfit.yml", ["train.lr=1e-4", "loss.dpace=true",
+    cfg = load_run_config(OVERFIT, ["train.lr=1e-4", "loss.dpace=true",
                                                             "train.placement.target_gpus=[0,1]"])
     assert cfg.train.lr == 1e-4 and cfg.loss.dpace and cfg.train.placement.target_gpus == (0, 1)
 
@@ -69,7 +70,7 @@ def test_torchrun_line_from_placement(tmp_path) -> None:
     from trainer.dflash.stage import torchrun_command
     from trainer.layout import RunLayout
 
-    cfg = load_run_config(REPO / "files/runs/overfit.yml", [
+    cfg = load_run_config(OVERFIT, [
         "train.placement.nnodes=2", "train.placement.nproc_per_node=4",
         "train.placement.rdzv_endpoint=10.0.0.1:29400", f"run_dir={tmp_path}"])
     assert cfg.train.placement.launches_torchrun and cfg.train.placement.world_size == 8
@@ -81,12 +82,12 @@ def test_torchrun_line_from_placement(tmp_path) -> None:
     launch_config = RunLayout.of(cfg).launch_config
     assert cmd[-5:] == ["-m", "trainer", "train", str(launch_config), "--resume"]
     assert load_run_config(launch_config).train.placement.node_rank == 1  # the line's config is resolved
-    one = load_run_config(REPO / "files/runs/overfit.yml", ["train.placement.nproc_per_node=2",
+    one = load_run_config(OVERFIT, ["train.placement.nproc_per_node=2",
                                                             f"run_dir={tmp_path}"])
     assert "--standalone" in torchrun_command(one)
-    assert not load_run_config(REPO / "files/runs/overfit.yml").train.placement.launches_torchrun
+    assert not load_run_config(OVERFIT).train.placement.launches_torchrun
     with pytest.raises(ConfigError, match=r"node_rank=2 is not in 0\.\.1"):
-        load_run_config(REPO / "files/runs/overfit.yml", ["train.placement.nnodes=2",
+        load_run_config(OVERFIT, ["train.placement.nnodes=2",
                                                           "train.placement.node_rank=2"])
 
 

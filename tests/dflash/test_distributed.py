@@ -1,5 +1,6 @@
-"""Two ranks through the real launcher: torchrun (c10d rendezvous on loopback) runs `python -m trainer
-train` on 2 CPU processes with the gloo backend (NCCL's stand-in on CPU), the drafter sharded by FSDP2.
+"""Two ranks through the real launcher: torchrun (c10d rendezvous on loopback) runs the trainer's CLI
+(`trainer train`, through tests/dflash/stop_after.py, which stops it after 3 steps) on 2 CPU processes
+with the gloo backend (NCCL's stand-in on CPU), the drafter sharded by FSDP2.
 
 The meter is checked against the data: the tokens and samples the run reports equal those of the batches
 the samplers handed out. The 2-rank checkpoint is then resumed on 1 rank, which finishes the epoch: every
@@ -20,6 +21,7 @@ from dflash_factory import random_rows
 from trainer.config import load_run_config
 from trainer.data.sampler import BucketBatchSampler
 from trainer.dflash.loop import train
+from trainer.layout import RunLayout
 
 
 def _free_port() -> int:
@@ -28,11 +30,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+def _torchrun(path: Path, *overrides: str, stop_after: int) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
-           "-m", "trainer", "train", str(path), *[a for o in overrides for a in ("--set", o)]]
+           str(Path(__file__).with_name("stop_after.py")), str(stop_after),
+           "train", str(path), *[a for o in overrides for a in ("--set", o)]]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -47,13 +50,14 @@ def test_two_ranks_fsdp_count_each_token_once_then_resume_on_one_rank(make_run) 
     path = make_run(rows=rows, data={"max_length": max_length},
                     drafter={"max_anchors": 4, "block_size": 4},
                     train={"epochs": 1, "max_steps": 0, "save_every": 0, "batch_size": 2, "log_every": 2,
-                           "stop_after": 3, "placement": {"nproc_per_node": 2, "strategy": "fsdp"}})
+                           "placement": {"nproc_per_node": 2, "strategy": "fsdp"}})
     cfg = load_run_config(path)
-    rc = _torchrun(path)
+    run_path = RunLayout.of(cfg).root
+    rc = _torchrun(path, stop_after=3)
     assert rc.returncode == 0, rc.stderr[-3000:]
-    meta = json.loads((cfg.run_path / "checkpoints" / "step-0000003" / "meta.json").read_text())
+    meta = json.loads((run_path / "checkpoints" / "step-0000003" / "meta.json").read_text())
     assert meta["world_size"] == 2 and meta["strategy"] == "fsdp"
-    two = _metrics(cfg.run_path)
+    two = _metrics(run_path)
     assert [x["step"] for x in two] == [1, 2, 3]  # rank 0 alone writes the metrics
 
     lengths = [len(ids) for ids, _ in rows]
@@ -70,9 +74,9 @@ def test_two_ranks_fsdp_count_each_token_once_then_resume_on_one_rank(make_run) 
         (two[0]["tokens"] + two[1]["tokens"]) / (two[0]["step_time_s"] + two[1]["step_time_s"]), rel=0.05)
 
     # the same run on 1 rank (one process, no wrapper): resumes the 2-rank checkpoint and ends the epoch
-    one_cfg = load_run_config(path, ["train.placement.nproc_per_node=1", "train.stop_after=0"])
+    one_cfg = load_run_config(path, ["train.placement.nproc_per_node=1"])
     result = train(one_cfg, resume=True)
-    lines = _metrics(cfg.run_path)
+    lines = _metrics(run_path)
     assert [x["step"] for x in lines[:3]] == [1, 2, 3] and lines[:3] == two
     one = lines[3:]
     assert result.step == 3 + len(one) == result.total_steps and one
@@ -84,4 +88,4 @@ def test_two_ranks_fsdp_count_each_token_once_then_resume_on_one_rank(make_run) 
     assert sum(x["tokens"] for x in one) == sum(min(lengths[i], max_length) for b in left for i in b)
     trained = {i for b in left for i in b} | {i for r in per_rank for b in r for i in b}
     assert trained == set(range(len(rows)))  # every row of the epoch, across the change of world size
-    assert (cfg.run_path / "export" / "model.safetensors").is_file()
+    assert (run_path / "export" / "model.safetensors").is_file()

@@ -15,6 +15,7 @@ from dflash_factory import random_rows
 
 from trainer.config import load_run_config
 from trainer.dflash import checkpoint as ckpt
+from trainer.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = {"drafter": {"max_anchors": 4, "block_size": 4},
@@ -55,11 +56,11 @@ def test_run_trains_two_gloo_ranks_under_torchrun(make_run) -> None:
     assert out.returncode == 0, log[-3000:]
     assert "torch.distributed.run --nnodes=1 --nproc-per-node=2" in log
     assert "rank 0/2: drafter on cpu" in log and "rank 1/2: drafter on cpu" in log  # both ranks trained
-    kept = ckpt.list_checkpoints(cfg.run_path / "checkpoints")
+    kept = ckpt.list_checkpoints(RunLayout.of(cfg).root / "checkpoints")
     assert [p.name for p in kept] == ["step-0000003"]
     assert json.loads((kept[0] / "meta.json").read_text())["world_size"] == 2
-    assert _steps(cfg.run_path) == [1, 2, 3]  # rank 0 alone writes the metrics
-    assert (cfg.run_path / "launch" / "config.yml").is_file()
+    assert _steps(RunLayout.of(cfg).root) == [1, 2, 3]  # rank 0 alone writes the metrics
+    assert (RunLayout.of(cfg).root / "launch" / "config.yml").is_file()
 
 
 def test_sigint_checkpoints_every_rank_and_relaunch_resumes(make_run) -> None:
@@ -67,17 +68,17 @@ def test_sigint_checkpoints_every_rank_and_relaunch_resumes(make_run) -> None:
                     drafter=RUN["drafter"])
     cfg = load_run_config(path)
     proc = _start(path)
-    _wait_for_step(proc, cfg.run_path, 2)
+    _wait_for_step(proc, RunLayout.of(cfg).root, 2)
     proc.send_signal(signal.SIGINT)
     log = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, log[-3000:]
     assert "rank 0: SIGINT received" in log and "rank 1: SIGINT received" in log
-    stopped = ckpt.latest_checkpoint(cfg.run_path / "checkpoints")
+    stopped = ckpt.latest_checkpoint(RunLayout.of(cfg).root / "checkpoints")
     assert stopped is not None, log[-3000:]
     at = int(stopped.name.split("-")[1])
     assert 2 <= at < 400
     assert json.loads((stopped / "meta.json").read_text())["world_size"] == 2
-    assert not (cfg.run_path / "export").exists()  # stopped: no export, no later stage
+    assert not (RunLayout.of(cfg).root / "export").exists()  # stopped: no export, no later stage
     # relaunch (the unit started again) resumes from that checkpoint; fewer steps to keep the test short
     again = subprocess.run([sys.executable, "-m", "trainer", "run", str(path),
                             "--set", f"train.max_steps={at + 2}"], env=_env(), text=True, capture_output=True,
@@ -85,7 +86,7 @@ def test_sigint_checkpoints_every_rank_and_relaunch_resumes(make_run) -> None:
     log2 = again.stdout + again.stderr
     assert again.returncode == 0, log2[-3000:]
     assert f"at step {at} " in log2  # "resumed from .../step-N at step N (epoch E)"
-    assert _steps(cfg.run_path)[-2:] == [at + 1, at + 2]
+    assert _steps(RunLayout.of(cfg).root)[-2:] == [at + 1, at + 2]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -109,14 +110,14 @@ def test_sigint_to_every_process_as_systemd_sends_it(make_run) -> None:
                     drafter=RUN["drafter"])
     cfg = load_run_config(path)
     proc = _start(path)
-    _wait_for_step(proc, cfg.run_path, 2)
+    _wait_for_step(proc, RunLayout.of(cfg).root, 2)
     tree = [proc.pid, *_descendants(proc.pid)]
     assert len(tree) >= 4  # launcher, torchrun, 2 ranks
     for pid in tree:
         os.kill(pid, signal.SIGINT)
     log = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, log[-3000:]
-    stopped = ckpt.latest_checkpoint(cfg.run_path / "checkpoints")
+    stopped = ckpt.latest_checkpoint(RunLayout.of(cfg).root / "checkpoints")
     assert stopped is not None and int(stopped.name.split("-")[1]) >= 2, log[-3000:]
     time.sleep(1)
     assert [p for p in tree if Path(f"/proc/{p}").exists()] == []
@@ -143,8 +144,8 @@ def test_a_killed_rank_stops_the_run_naming_it(make_run) -> None:
                     drafter=RUN["drafter"])
     cfg = load_run_config(path)
     proc = _start(path)
-    _wait_for_step(proc, cfg.run_path, 1)
-    pids = _rank_pids((cfg.run_path / "launch" / "config.yml").resolve())
+    _wait_for_step(proc, RunLayout.of(cfg).root, 1)
+    pids = _rank_pids((RunLayout.of(cfg).root / "launch" / "config.yml").resolve())
     assert sorted(pids) == [0, 1], pids
     os.kill(pids[1], signal.SIGKILL)
     log = proc.communicate(timeout=180)[0]

@@ -1,5 +1,6 @@
 """Acceptance: on a handful of sequences the drafter's tau rises from ~1 to >= B/2 (B = 8 here) within a
-few hundred steps, on CPU, with files/runs/overfit.yml and the real train loop (B's shards + sampler)."""
+few hundred steps, on CPU, with tests/fixtures/runs/overfit.yml and the real train loop (B's shards +
+sampler)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import pytest
 
 from trainer.config import load_run_config
 from trainer.dflash.loop import train
+from trainer.layout import RunLayout
 
 
 @pytest.mark.slow
@@ -17,7 +19,7 @@ def test_overfit_tau_rises_to_half_the_block(make_run) -> None:
     cfg = load_run_config(path)
     b = cfg.drafter.block_size
     res = train(cfg)
-    lines = [json.loads(x) for x in (cfg.run_path / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (RunLayout.of(cfg).root / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, cfg.train.max_steps + 1))
     assert lines[0]["tau"] < 1.5, lines[0]  # an untrained drafter: ~1
     first_loss, last_loss = lines[0]["loss"], lines[-1]["loss"]

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from trainer.eval.acceptance import greedy_tau
+from trainer.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,7 +55,7 @@ def test_eval_cli_reports_tau_of_a_trained_checkpoint(tmp_path: Path, tiny_targe
     from trainer.config import load_run_config
     from trainer.dflash.loop import train
 
-    data = yaml.safe_load((REPO / "files/runs/overfit.yml").read_text())
+    data = yaml.safe_load((REPO / "tests/fixtures/runs/overfit.yml").read_text())
     data["target"]["path"] = str(tiny_target)
     data["run_dir"] = str(tmp_path / "run")
     data["train"].update(max_steps=30)
@@ -68,7 +69,7 @@ def test_eval_cli_reports_tau_of_a_trained_checkpoint(tmp_path: Path, tiny_targe
     assert main(["eval", str(path), "--checkpoint", str(res.checkpoint)]) == 0
     printed = capsys.readouterr().out
     assert "tau" in printed and "tau= 1" in printed
-    out = json.loads((cfg.run_path / "eval" / "step-0000030.json").read_text())
+    out = json.loads((RunLayout.of(cfg).root / "eval" / "step-0000030.json").read_text())
     b = cfg.drafter.block_size
     assert sorted(int(k) for k in out["tau_histogram"]) == list(range(1, b + 1))
     assert sum(out["tau_histogram"].values()) == out["blocks"] > 0
@@ -82,7 +83,7 @@ def test_eval_cli_reports_tau_of_a_trained_checkpoint(tmp_path: Path, tiny_targe
     held = ["--set", "data.heldout_share=0.05"]
     assert main(["eval", str(path), "--checkpoint", str(res.checkpoint), *held]) == 0
     assert "scored on held-out samples (never trained on)" in capsys.readouterr().out
-    out = json.loads((cfg.run_path / "eval" / "step-0000030.json").read_text())
+    out = json.loads((RunLayout.of(cfg).root / "eval" / "step-0000030.json").read_text())
     assert (out["split"], out["samples"]) == ("heldout", 2)
     assert out["shards"] == str(tmp_path / "run" / "shards-heldout")
     write_shards(tmp_path / "run" / "shards-heldout", [])  # a split that held out nothing: said, not 0

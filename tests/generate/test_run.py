@@ -18,6 +18,7 @@ from genhelpers import ROOT, check_output, read_output, trainer_env, write_promp
 
 from trainer.config import ConfigError, load_run_config
 from trainer.generate.stage import stage
+from trainer.layout import RunLayout
 
 FAST = ("--reasoning-parser", "qwen3", "--latency", "0.02", "--max-running", "24")
 
@@ -25,7 +26,7 @@ FAST = ("--reasoning-parser", "qwen3", "--latency", "0.02", "--max-running", "24
 def run_stage(cfg_path: Path) -> tuple[int, dict[str, Any]]:
     cfg = load_run_config(cfg_path)
     rc = stage(cfg)
-    summary = cfg.run_path / cfg.generate.output / "_state" / "summary.json"
+    summary = RunLayout.of(cfg).root / cfg.generate.output / "_state" / "summary.json"
     return rc, (json.loads(summary.read_text()) if summary.exists() else {})
 
 

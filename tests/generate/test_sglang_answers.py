@@ -1,4 +1,4 @@
-"""The generator against what real SGLang answers (issue 17): empty thinking, aborted requests, capacity
+"""The generator against what real SGLang answers: empty thinking, aborted requests, capacity
 reported only in internal_states, OpenAI-style `/v1` base URLs, 404 on the health probe, 503 while
 starting. The endpoints are the SGLang double (tests/doubles/sglang_server.py), which answers as SGLang
 does in each case; its docstring cites the SGLang functions it follows."""

@@ -11,7 +11,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-# ../shared/data/pve-apidata.json next to the repository, or wherever PVE_APIDATA points.
+# The schema is not kept in this repository. PVE_APIDATA names a copy; without it, a copy kept beside the
+# checkout (../shared/data/pve-apidata.json) is used when present, and the schema checks skip otherwise.
 _DEFAULT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "pve-apidata.json"
 APIDATA = Path(os.environ.get("PVE_APIDATA") or _DEFAULT)
 

@@ -1,6 +1,7 @@
 """The Proxmox API double's per-endpoint permission table (tests/doubles/pve_api_schema.py PERMS) is the
-real API schema's: each `permissions.check` in ../shared/data/pve-apidata.json, for every route the
-double serves. Endpoints the schema marks `user: all` must not be in the table (they check in code)."""
+real API schema's: each `permissions.check` in the Proxmox VE API schema (tests/roles/pve_schema.py),
+for every route the double serves. Endpoints the schema marks `user: all` must not be in the table (they
+check in code)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ class DoctorConfig:
     max_truncated_share: float = 0.2  # rows cut at data.max_length
     max_unterminated_share: float = 0.5  # <think> opened and never closed (generator hit its limit)
     max_mode_share: float = 0.5  # share of samples with one identical supervised-token count
-    mode_min_tokens: int = 64  # ...counted only when that count is below this (the seeds' "exactly 6")
+    mode_min_tokens: int = 64  # ...counted only when that count is below this (e.g. every sample "exactly 6")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

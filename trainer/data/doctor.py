@@ -7,8 +7,8 @@ unterminated think blocks, the truncation rate and the response-length distribut
 
 A sample is *degenerate* when its response is empty, it has fewer than `min_supervised_tokens`
 supervised tokens, or no two consecutive supervised tokens (no DFlash anchor). The dataset is refused
-when the degenerate share (or another check's share) exceeds its configured limit — the seeds' data
-(87% empty responses, loss_mask sum exactly 6) is refused with a report that says so.
+when the degenerate share (or another check's share) exceeds its configured limit — a set that is mostly
+empty responses (87%, loss_mask sum exactly 6) is refused with a report that says so.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Run-config sections `drafter:`, `loss:`, `train:` (owned by trainer/dflash/).
 
 Every size of the drafter defaults to 0 / empty, meaning "derive from the target's config"
-(`trainer.dflash.drafter.resolve_arch`). The Qwen3.6-27B recipe (SpecForge) is the default
+(`trainer.dflash.arch.resolve_arch`). The Qwen3.6-27B recipe (SpecForge) is the default
 elsewhere: 5 layers, block 16, [sliding x4, full], window 2048, lr 6e-4, warmup 4 %, cosine, clip 1.0,
 AdamW betas (0.9, 0.999), weight decay 0.
 """
@@ -24,7 +24,7 @@ class DrafterConfig:
     hidden_size: int = 0  # 0 = the target's
     intermediate_size: int = 0
     # attention shape, 0 = SpecForge's 32 heads x 128, 8 KV heads for targets with hidden_size >= 2048
-    # (its Qwen3.6-27B config), the target's own shape below (trainer.dflash.drafter.default_attention_shape)
+    # (its Qwen3.6-27B config), the target's own shape below (trainer.dflash.arch.default_attention_shape)
     num_attention_heads: int = 0
     num_key_value_heads: int = 0
     head_dim: int = 0
@@ -98,7 +98,7 @@ class PlacementConfig:
     rdzv_endpoint: str = "localhost:29500"  # host:port of the c10d rendezvous (node 0's address multi-node)
     rdzv_id: str = ""  # "" = the run name
     # memory of one GPU, for `python -m trainer plan` (and its refusal); 80 = an H100/A100 80 GB, the
-    # smallest card the 27B recipe is run on. Set 96 (the seeds' cards), 141 (H200) or 180 (B200).
+    # smallest card the 27B recipe is run on. Set 96 (96 GB cards), 141 (H200) or 180 (B200).
     gpu_memory_gb: float = 80.0
     # dense bf16 peak of one GPU in TFLOPS, for the MFU the log reports; 0 = from the table of known
     # GPUs by device name (trainer.dflash.device.PEAK_TFLOPS), none on an unknown GPU or the CPU
@@ -159,7 +159,6 @@ class TrainConfig:
     upload_checkpoints: bool = False  # copy each checkpoint to s3://<s3.bucket>/<s3.prefix>/checkpoints/
     allow_unchecked_data: bool = False  # train on shards the doctor did not pass (dangerous)
     progress: bool = True
-    stop_after: int = 0  # test hook: stop (as if killed) after this many optimizer steps; 0 = off
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -169,5 +168,4 @@ class TrainConfig:
         check_ranges(self, "train", {
             "min_lr_ratio": "[0, 1]", "weight_decay": ">= 0", "betas": "[0, 1)", "epochs": ">= 1",
             "max_steps": ">= 0", "batch_size": ">= 1", "max_tokens": ">= 0", "grad_accum": ">= 1",
-            "grad_clip": ">= 0", "log_every": ">= 1", "save_every": ">= 0", "keep_last": ">= 1",
-            "stop_after": ">= 0"})
+            "grad_clip": ">= 0", "log_every": ">= 1", "save_every": ">= 0", "keep_last": ">= 1"})

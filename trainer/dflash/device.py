@@ -14,8 +14,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_FLEX_OVERRIDE: bool | None = None  # tests flip this (use_flex(False)) to force the dense path
-
 
 @dataclasses.dataclass(frozen=True)
 class Runtime:
@@ -143,12 +141,6 @@ def world_size() -> int:
     return 1
 
 
-def use_flex(enabled: bool | None) -> None:
-    """Force flex attention on (True) / off (False), or back to automatic (None)."""
-    global _FLEX_OVERRIDE
-    _FLEX_OVERRIDE = enabled
-
-
 def flex_available() -> bool:
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
@@ -158,9 +150,8 @@ def flex_available() -> bool:
 
 
 def flex_enabled(device: torch.device) -> bool:
-    """Flex attention by default on GPU only (on CPU it runs unfused: correct but slow)."""
-    if _FLEX_OVERRIDE is not None:
-        return _FLEX_OVERRIDE and flex_available()
+    """Flex attention by default on GPU only (on CPU it runs unfused: correct but slow). A caller that
+    wants one path names it: `dflash_forward(..., use_flex=...)`, `AttentionMasks(..., use_flex=...)`."""
     return device.type == "cuda" and flex_available()
 
 

@@ -267,9 +267,6 @@ class Trainer:
                 logger.step(self.step, record)
                 if t.save_every and self.step % t.save_every == 0:
                     last_ckpt = self.save()
-                if t.stop_after and self.step >= t.stop_after:
-                    last_ckpt = self.save()
-                    return TrainResult(self.step, self.total_steps, losses, last_log, last_ckpt, None, True)
                 if self.step < self.total_steps and stop:
                     if self._saved_step != self.step:
                         last_ckpt = self.save()

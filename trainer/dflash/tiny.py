@@ -19,7 +19,7 @@ def tiny_target_config(vocab_size: int = 512, **overrides: Any) -> Any:
 
 
 def build_tiny_model(vocab_size: int = 512, seed: int = 0, **overrides: Any) -> Any:
-    """A tiny random Qwen3_5ForCausalLM in memory (DFLASH.md's test config)."""
+    """A tiny random Qwen3_5ForCausalLM in memory (the sizes in TINY_TARGET)."""
     import torch
     from transformers import Qwen3_5ForCausalLM
 
