@@ -72,7 +72,7 @@ def test_a_missing_secret_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("var", "bad", "named"), [
     ("nvidia_open_run_sha256", "ABCDEF" + HEX[6:], "nvidia_open_run_sha256 = 64 lowercase hex digits"),
     ("nvidia_open_source_sha256", HEX[:63], "a 64-hex nvidia_open_source_sha256"),
-    ("node_driver_version", "latest", "nvidia_open_version (node_driver_version) must read like"),
+    ("node_driver_version", "latest", "nvidia_open_version (node_driver_version) must read like MAJOR"),
     ("gpu_userspace_cuda_keyring_checksum", HEX, "gpu_userspace_cuda_keyring_checksum (sha256:HEX)"),
 ])
 def test_a_malformed_value_is_named(tmp_path: Path, var: str, bad: str, named: str) -> None:
