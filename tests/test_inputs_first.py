@@ -39,7 +39,8 @@ def _filled(tmp_path: Path, vault: bool = True) -> Path:
                             "AAAAC3NzaC1lZDI1NTE5AAAAIDx0dW1teWtleWZvcnRlc3RzMDAwMDAwMDAwMDAw")
         f.write_text(text)
     if vault:  # what the encrypted vault file holds, in the clear for the test
-        (inv / "group_vars/all/vault.yml").write_text((ROOT / "inventory/example/vault.example.yml").read_text())
+        vault_file = inv / "group_vars/all/vault.yml"
+        vault_file.write_text((ROOT / "inventory/example/vault.example.yml").read_text())
     return inv
 
 
@@ -47,7 +48,8 @@ def test_the_example_as_shipped_stops_in_the_first_play_naming_the_placeholders(
     res = _play("site.yml", "-i", "inventory/example", "--check")
     out = res.stdout + res.stderr
     assert res.returncode != 0
-    assert "nvidia_open_run_sha256: REPLACE" in out and "nvidia_open_source_sha256: REPLACE" in out, out[-3000:]
+    assert "nvidia_open_run_sha256: REPLACE" in out, out[-3000:]
+    assert "nvidia_open_source_sha256: REPLACE" in out, out[-3000:]
     assert "gpu_userspace_cuda_keyring_checksum" in out and "pve_ct_ssh_public_keys[0]" in out, out[-3000:]
     # The run stopped there: no later play started and no host was contacted.
     assert "PLAY [Preflight every node" not in out and "UNREACHABLE" not in out, out[-3000:]

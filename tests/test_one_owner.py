@@ -40,7 +40,8 @@ def _values() -> dict[str, tuple[re.Pattern[str], Path]]:
     def path(v: str) -> re.Pattern[str]:
         return re.compile(r"(?<![\w./}-])" + re.escape(v) + r"(?![\w-])")
     return {
-        "node_driver_version": (re.compile(r"(?<![\d.])" + re.escape(d["node_driver_version"]) + r"(?![\d])"), DEFAULTS),
+        "node_driver_version": (
+            re.compile(r"(?<![\d.])" + re.escape(d["node_driver_version"]) + r"(?![\d])"), DEFAULTS),
         "node_uv_bin": (path(d["node_uv_bin"]), DEFAULTS),
         "node_trainer_venv": (path(d["node_trainer_venv"]), DEFAULTS),
         "node_workspace": (path(d["node_workspace"]), DEFAULTS),
@@ -50,7 +51,8 @@ def _values() -> dict[str, tuple[re.Pattern[str], Path]]:
 
 def test_owners_hold_the_values() -> None:
     values = _values()
-    assert set(values) == {"node_driver_version", "node_uv_bin", "node_trainer_venv", "node_workspace", "torch pin"}
+    assert set(values) == {"node_driver_version", "node_uv_bin", "node_trainer_venv", "node_workspace",
+                           "torch pin"}
     assert yaml.safe_load(DEFAULTS.read_text())["node_torch_requirement"].count("requirements/torch.txt") == 1
 
 
@@ -69,8 +71,8 @@ def test_no_copy_of_a_shared_value(name: str) -> None:
         for n, line in enumerate(text.splitlines(), 1):
             if pattern.search(line) and not COMMENT.match(line):
                 copies.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
-    assert not copies, (f"{name} is owned by {owner.relative_to(ROOT)}; read it from there instead of copying it:\n"
-                        + "\n".join(copies))
+    assert not copies, (f"{name} is owned by {owner.relative_to(ROOT)}; read it from there instead of "
+                        "copying it:\n" + "\n".join(copies))
 
 
 def test_the_scan_sees_a_planted_copy(tmp_path: Path) -> None:

@@ -261,27 +261,6 @@ class TargetConfig:
     name: str = ""  # served model name on the SGLang endpoints (defaults to path's basename)
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "auto"
     stage_to: str = ""  # copy the model to fast local storage (e.g. /dev/shm) before use; "" = off
-    # Where train.yml fetches the model into `path` from, before the run (role model): hf://org/name,
-    # s3://bucket/prefix or an absolute path on the node; "" = `path` is already there.
-    source: str = ""
-    revision: str = ""  # commit sha of an hf:// source (40 hex digits: a branch moves); none for the others
-
-    def __post_init__(self) -> None:
-        src = self.source
-        if src.startswith("hf://"):
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", src[len("hf://"):]):
-                raise ValueError(f"target.source: {src!r} is not hf://org/name "
-                                 "(the revision goes in target.revision)")
-            if not re.fullmatch(r"[0-9a-f]{40}", self.revision):
-                raise ValueError(f"target.revision: {self.revision!r} is not a commit sha (40 hex digits); "
-                                 f"target.source {src} needs one, so that every node and re-run loads the "
-                                 "same weights (a branch such as main moves)")
-        elif self.revision:
-            raise ValueError(f"target.revision: {self.revision!r} is set, but only an hf:// target.source "
-                             "has a revision")
-        if src and not src.startswith(("hf://", "/")) and not re.fullmatch(r"s3://[^/]+(/.*)?", src):
-            raise ValueError(f"target.source: {src!r} is not hf://org/name, s3://bucket/prefix or an "
-                             "absolute path on the node")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -832,7 +832,7 @@ def main() -> None:
         help="privileges an ACL grants the (privsep) token on PATH, propagated (repeatable)",
     )
     ap.add_argument("--bind-root", type=Path, default=None,
-                    help="the host's / for bind-mount sources: vzstart fails on a missing one, as pve-container's")
+                    help="the host's / for bind-mount sources: vzstart fails on a missing one, as in PVE")
     a = ap.parse_args()
     if "!" not in a.token or "=" not in a.token:
         ap.error("--token must look like user@realm!tokenid=SECRET")

@@ -1,4 +1,5 @@
-"""Role sglang's compiler check (roles/sglang/files/sglang_cc_check.py): what Triton needs to build its launcher.
+"""Role sglang's compiler check (roles/sglang/files/sglang_cc_check.py): what Triton needs to build
+its launcher.
 
 The check builds and loads a C extension against this Python's Python.h with the compiler Triton would
 pick ($CC, else gcc, else clang on PATH), through Triton itself when it is installed. Without a compiler

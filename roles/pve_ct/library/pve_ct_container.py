@@ -110,8 +110,8 @@ def desired_config(p):
             raise ValueError(f"mounts[{i}] needs host_path and mount_point, got {sorted(m)!r}")
         unknown = set(m) - {"host_path", "mount_point", "read_only", "create", "owner", "group", "mode"}
         if unknown:
-            raise ValueError(f"mounts[{i}]: unknown keys {sorted(unknown)} (host_path, mount_point, read_only, "
-                             "create, owner, group, mode)")
+            raise ValueError(f"mounts[{i}]: unknown keys {sorted(unknown)} (host_path, mount_point, "
+                             "read_only, create, owner, group, mode)")
         ro = ",ro=1" if m.get("read_only") else ""
         cfg[f"mp{i}"] = f"{m['host_path']},mp={m['mount_point']}{ro}"
     for i, path in enumerate(p["devices"] or []):
