@@ -1,10 +1,9 @@
 """What the playbooks need to know about a run, from the trainer that owns it (`check --json`).
 
 The Ansible role asks instead of restating the trainer's defaults in Jinja: the stages, the resolved run
-directory and result paths (`trainer.layout`), whether a generate stage still needs endpoints, where the
-target is fetched from (source, revision), the target's staging source and destination, the names of the
-secret environment variables the run reads and the process placement. Values only, no secrets: the names
-of the variables, never their contents.
+directory and result paths (`trainer.layout`), whether a generate stage still needs endpoints, the
+target's staging source and destination, the names of the secret environment variables the run reads
+and the process placement. Values only, no secrets: the names of the variables, never their contents.
 """
 from __future__ import annotations
 
@@ -52,12 +51,6 @@ def staging(cfg: RunConfig) -> dict[str, str]:
     }
 
 
-def fetch(cfg: RunConfig) -> dict[str, str]:
-    """`target.source` at `target.revision`, which the playbook fetches into `target.path` before the run
-    (role model); source "" = nothing to fetch."""
-    return {"source": cfg.target.source, "revision": cfg.target.revision, "path": cfg.target.path}
-
-
 def outputs(cfg: RunConfig) -> dict[str, str]:
     """Where the run reports to, for the playbooks' launch message ("" = off)."""
     wandb = cfg.wandb.project and cfg.wandb.mode != "disabled" and "train" in cfg.stages
@@ -87,7 +80,6 @@ def run_report(cfg: RunConfig, config_path: str | Path, base: str | Path | None 
             "api_key_env": cfg.generate.api_key_env,
         },
         "target": staging(cfg),
-        "fetch": fetch(cfg),
         "secret_env": secrets,
         "secret_env_names": sorted({n for names in secrets.values() for n in names}),
         "outputs": outputs(cfg),
