@@ -281,6 +281,28 @@ def check_ct_modify_config_perm(
             need(vm, "VM.Config.Options")
 
 
+_TAG = re.compile(r"[a-z0-9_][a-z0-9_\-+.]*", re.I)  # pve-common JSONSchema.pm pve-tag format
+
+
+def normalize_tags(
+    vmid: str, old: str | None, new: str, check: Callable[[str, list[str]], None]
+) -> str:
+    """pve-guest-common src/PVE/GuestHelpers.pm: `assert_tag_permissions` (VM.Config.Options on the guest
+    for any added or removed tag; datacenter.cfg `user-tag-access` defaults to `free`, so any tag) and
+    `get_unique_tags` (split on /[;, ]/, case-insensitive unique, sorted, stored `;`-joined)."""
+    tags = [t for t in re.split(r"[;, ]+", new) if t]
+    for t in tags:
+        if not _TAG.fullmatch(t):
+            raise ApiError(400, f"Parameter verification failed. tags: invalid format - invalid tag '{t}'")
+    before = {t.lower() for t in re.split(r"[;, ]+", old or "") if t}
+    if before != {t.lower() for t in tags}:
+        check(f"/vms/{vmid}", ["VM.Config.Options"])
+    unique: dict[str, str] = {}
+    for t in tags:
+        unique.setdefault(t.lower(), t)
+    return ";".join(unique[k] for k in sorted(unique))
+
+
 def _split_prop(value: str, default_key: str | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for part in value.split(","):
@@ -542,6 +564,8 @@ class Api:
                 continue
             if key == "rootfs" or re.fullmatch(r"mp\d+", key):
                 val = self._volume(vmid, val, key)
+            if key == "tags":
+                val = normalize_tags(vmid, None, str(val), lambda path, privs: self.check(user, path, privs))
             if re.fullmatch(r"net\d+", key) and "hwaddr=" not in str(val):
                 val += f",hwaddr=BC:24:11:{int(vmid) % 256:02X}:00:{int(key[3:]):02X},type=veth"
             cfg[key] = val
@@ -580,6 +604,8 @@ class Api:
                 raise ApiError(500, "unable to modify read-only option: 'unprivileged'")
             if key == "rootfs" or re.fullmatch(r"mp\d+", key):
                 val = self._volume(v["vmid"], val, key)
+            if key == "tags":
+                val = normalize_tags(v["vmid"], cfg.get("tags"), str(val), checker)
             cfg[key] = val
         return None
 

@@ -91,6 +91,7 @@ def test_first_run_creates_ct200_with_all_gpus(ct200: dict[str, Any], gpu_dev: P
     assert (cfg["cores"], cfg["memory"], cfg["features"], cfg["onboot"]) == (64, 524288, "nesting=1", 1)
     assert cfg["mp0"] == f"{bind_source(gpu_dev.parent)},mp=/workspace"
     assert ct["ssh_keys"].strip() == KEY
+    assert cfg["tags"] == "dflash"  # the mark that lets later runs converge it
     devs = sorted((v.split(",")[0] for k, v in cfg.items() if k.startswith("dev")), key=str)
     want = [f"{gpu_dev}/nvidia{i}" for i in range(8)] + [
         f"{gpu_dev}/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
@@ -315,6 +316,49 @@ def test_the_double_refuses_to_start_a_ct_whose_bind_source_is_missing(tmp_path:
         assert _wait(node, node.lxc(234).status.start.post())["exitstatus"] == "OK"
     finally:
         double.stop()
+
+
+def test_a_container_the_product_did_not_create_is_refused(pve: PveDouble, gpu_dev: Path, tmp_path: Path) -> None:
+    """A VMID already taken by someone else's container (no `dflash` tag) is never rewritten or restarted;
+    tagging it on purpose adopts it, and its other tags stay."""
+    from proxmoxer import ProxmoxAPI
+
+    api = ProxmoxAPI("127.0.0.1", port=pve.port, user="root@pam", password=pve.root_password,
+                     verify_ssl=str(pve.ca))
+    node = api.nodes("pve1")
+    template = "local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst"
+    _wait(node, node.lxc.post(vmid=240, ostemplate=template, rootfs="scratch:8", hostname="db",
+                              unprivileged=0, tags="prod, Database"))
+    before = pve.state()["cts"]["240"]
+    assert before["config"]["tags"] == "Database;prod"  # stored as PVE stores them: unique, sorted, ';'
+    extra = dict(pve_ct_vmid=240, pve_ct_hostname="ct240")
+    pve.clear_log()
+    res = run_role(tmp_path / "one", base_vars(pve, gpu_dev, **extra))
+    assert res.rc != 0
+    assert any("CT 240 exists but does not carry the tag 'dflash'" in f and "pct set 240 --tags" in f
+               for f in res.failures), res.failures
+    assert writes(pve.requests()) == [] and pve.state()["cts"]["240"] == before
+
+    node.lxc(240).config.put(tags="Database;prod;dflash")
+    adopted = run_role(tmp_path / "two", base_vars(pve, gpu_dev, **extra))
+    assert_ok(adopted)
+    cfg = pve.state()["cts"]["240"]["config"]
+    assert cfg["hostname"] == "ct240" and cfg["tags"] == "Database;dflash;prod"
+
+
+def test_setting_tags_needs_vm_config_options(pve: PveDouble) -> None:
+    """The double's side: PVE checks VM.Config.Options on the guest for an added or removed tag
+    (GuestHelpers.pm assert_tag_permissions); a token without it cannot mark a container."""
+    from pve_api import ApiError, normalize_tags
+
+    def deny(path: str, privs: list[str]) -> None:
+        raise ApiError(403, f"Permission check failed ({path}, {', '.join(privs)})")
+
+    with pytest.raises(ApiError, match=r"/vms/250, VM.Config.Options"):
+        normalize_tags("250", None, "dflash", deny)
+    assert normalize_tags("250", "a;b", "b,a", deny) == "a;b"  # unchanged: no check
+    with pytest.raises(ApiError, match="invalid tag"):
+        normalize_tags("250", None, "-bad", lambda *_: None)
 
 
 def _wait(node: Any, upid: str) -> dict[str, Any]:

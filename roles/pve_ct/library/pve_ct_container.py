@@ -61,6 +61,12 @@ options:
     type: list
     elements: str
   dev_mode: {description: Access mode of passed-through device nodes., type: str, default: "0666"}
+  tag:
+    description:
+      - Proxmox tag set at creation that marks the container as this product's. An existing container
+        without it is refused, never adopted. "" turns the check off.
+    type: str
+    default: ""
   restart_on_change: {description: Restart a running CT whose config changed., type: bool, default: true}
   timeout: {description: Seconds to wait for each Proxmox task., type: int, default: 300}
 """
@@ -71,6 +77,8 @@ updated: {description: Config keys that were set or removed., type: list, return
 config: {description: The container config after the run (as planned in check mode)., type: dict}
 status: {description: Run state after the run., type: str, returned: always}
 """
+
+import re  # noqa: E402 - Ansible modules document first
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules document first
 from ansible.module_utils.pve_ct_api import (  # noqa: E402
@@ -188,6 +196,8 @@ def create(module, api, root_api, want):
         unprivileged=int(p["unprivileged"]),
         rootfs=f"{p['rootfs_storage']}:{p['rootfs_size_gb']}",
     )
+    if p["tag"]:
+        params["tags"] = p["tag"]
     if p["ssh_public_keys"]:
         params["ssh-public-keys"] = "\n".join(p["ssh_public_keys"]) + "\n"
     if module.check_mode:
@@ -199,9 +209,24 @@ def create(module, api, root_api, want):
     return call(module, "read CT {} config".format(p["vmid"]), api.nodes(p["node"]).lxc(p["vmid"]).config.get)
 
 
+def tags_of(config):
+    """The tags of a guest config: PVE stores them `;`-separated and accepts `,`, `;` and spaces
+    (pve-guest-common src/PVE/GuestHelpers.pm get_unique_tags, split on /[;, ]/)."""
+    return {t.lower() for t in re.split(r"[;, ]+", str(config.get("tags", ""))) if t}
+
+
 def converge(module, api, current, want):
     """Return (changed keys, deleted keys, rootfs growth in GiB or 0)."""
     p = module.params
+    if p["tag"] and p["tag"].lower() not in tags_of(current):
+        module.fail_json(
+            msg="CT {vmid} exists but does not carry the tag '{tag}' that this role sets when it creates the "
+            "container (its tags: {tags}): it was not created by this product, and converging it would rewrite "
+            "its config and restart it. Choose a free pve_ct_vmid, or, to adopt this container on purpose, add "
+            "the tag in Proxmox (pct set {vmid} --tags '{tag}', keeping its other tags).".format(
+                vmid=p["vmid"], tag=p["tag"], tags=current.get("tags") or "none"
+            )
+        )
     if int(current.get("unprivileged", 0)) != int(p["unprivileged"]):
         module.fail_json(
             msg="CT {} is {}privileged but pve_ct_unprivileged={}: that cannot be changed in place; "
@@ -254,6 +279,7 @@ def main():
         mounts=dict(type="list", elements="dict", default=[]),
         devices=dict(type="list", elements="str"),
         dev_mode=dict(type="str", default="0666"),
+        tag=dict(type="str", default=""),
         restart_on_change=dict(type="bool", default=True),
         timeout=dict(type="int", default=300),
     )
