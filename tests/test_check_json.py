@@ -68,7 +68,7 @@ train: {placement: {nnodes: 2, nproc_per_node: 8, rdzv_endpoint: "10.0.0.1:29500
     assert out["paths"]["completions"] == "/data/big-dir/gen"
     assert out["generate"]["needs_endpoints"] is True
     assert out["target"]["source"] == "/models/Qwen3.6-27B"
-    assert out["target"]["destination"] == "/dev/shm/Qwen3.6-27B"
+    assert out["target"]["destination"] == "/dev/shm/big/Qwen3.6-27B"
     assert out["secret_env"]["generate"] == ["MY_KEY"]
     assert out["secret_env"]["wandb"] == ["WANDB_API_KEY"]
     assert "AWS_SECRET_ACCESS_KEY" in out["secret_env"]["s3"]

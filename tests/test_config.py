@@ -78,3 +78,33 @@ def test_round_trip_through_to_dict(tmp_path):
 def test_every_shipped_run_config_is_valid(path):
     cfg = load_run_config(path)
     assert cfg.name == path.stem
+
+
+# --- staging: the unit deletes the staged copy before and after every run, so it never overlaps the model
+
+
+@pytest.mark.parametrize("stage_to", ["/models/tiny", "/models/tiny/", "/models/tiny/cache", "/models"])
+def test_stage_to_overlapping_the_model_is_refused(tmp_path: Path, stage_to: str) -> None:
+    # /models: the run's directory would be /models/tiny, the model itself
+    run = tmp_path / "tiny.yml"
+    run.write_text(f"target: {{path: /models/tiny, stage_to: {stage_to}}}\n")
+    with pytest.raises(ConfigError, match=r"target.stage_to: .* overlaps target.path '/models/tiny'"):
+        load_run_config(run)
+
+
+def test_stage_to_must_be_absolute(tmp_path: Path) -> None:
+    run = tmp_path / "tiny.yml"
+    run.write_text("target: {path: /models/tiny, stage_to: shm}\n")
+    with pytest.raises(ConfigError, match=r"target\.stage_to: 'shm' is not an absolute path"):
+        load_run_config(run)
+
+
+def test_each_run_stages_into_its_own_directory(tmp_path: Path) -> None:
+    from trainer.report import staging
+
+    for name in ("a", "b"):
+        run = tmp_path / f"{name}.yml"
+        run.write_text("target: {path: /models/tiny, stage_to: /dev/shm/}\n")
+        assert staging(load_run_config(run)) == {
+            "path": "/models/tiny", "stage_to": "/dev/shm/", "source": "/models/tiny",
+            "destination": f"/dev/shm/{name}/tiny"}

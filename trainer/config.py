@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import posixpath
 import re
 import types
 import typing
@@ -289,6 +290,34 @@ class WandbConfig:
     tags: tuple[str, ...] = ()
 
 
+def staging_dir(name: str, target: TargetConfig) -> str:
+    """Where run `name` stages its target: `<stage_to>/<name>`, a directory the run owns alone ("" = no
+    staging). The unit empties it before and after every run, so it is never `stage_to` itself."""
+    return f"{target.stage_to.rstrip('/')}/{name}" if target.stage_to else ""
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _check_staging(name: str, target: TargetConfig) -> None:
+    """Refuse a staging directory that overlaps the model: the unit deletes the staged copy before and
+    after every run (`rm -rf`), so an overlap would delete the source."""
+    if not target.stage_to:
+        return
+    if not posixpath.isabs(target.stage_to):
+        raise ValueError(f"target.stage_to: {target.stage_to!r} is not an absolute path "
+                         "(e.g. /dev/shm/models)")
+    src = posixpath.normpath(target.path)
+    stage = posixpath.normpath(target.stage_to)
+    run_dir = posixpath.join(stage, name)
+    if _within(stage, src) or _within(run_dir, src) or _within(src, run_dir):
+        raise ValueError(
+            f"target.stage_to: {target.stage_to!r} overlaps target.path {target.path!r}: the run stages into "
+            f"{run_dir}/ and deletes it before and after every run; stage outside the model "
+            "(e.g. target.stage_to: /dev/shm/models)")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunConfig:
     """A whole run: what `files/runs/NAME.yml` says, unchanged from the playbook to the trainer."""
@@ -321,3 +350,4 @@ class RunConfig:
         check_ranges(self, "", {"seed": ">= 0"})
         if self.train.upload_checkpoints and not self.s3.enabled:
             raise ValueError("train.upload_checkpoints is set but s3.bucket is empty")
+        _check_staging(self.name, self.target)

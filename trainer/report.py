@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.config import staging_dir
 from trainer.layout import RunLayout
 
 if TYPE_CHECKING:
@@ -40,14 +41,16 @@ def secret_env(cfg: RunConfig) -> dict[str, list[str]]:
 
 
 def staging(cfg: RunConfig) -> dict[str, str]:
-    """`target.stage_to`: copy `target.path` to `<stage_to>/<basename>` before use ("" = no staging)."""
+    """`target.stage_to`: copy `target.path` to `<stage_to>/<run>/<basename>` before use ("" = no
+    staging). `<stage_to>/<run>` is the run's own directory (`staging_dir`): the role creates it for the
+    run's user, and the unit deletes only the copy inside it."""
     src = cfg.target.path.rstrip("/") or cfg.target.path
-    dest = cfg.target.stage_to.rstrip("/")
+    run_dir = staging_dir(cfg.name, cfg.target)
     return {
         "path": cfg.target.path,
         "stage_to": cfg.target.stage_to,
-        "source": src if dest else "",
-        "destination": f"{dest}/{Path(src).name}" if dest else "",
+        "source": src if run_dir else "",
+        "destination": f"{run_dir}/{Path(src).name}" if run_dir else "",
     }
 
 

@@ -318,7 +318,9 @@ def test_the_double_refuses_to_start_a_ct_whose_bind_source_is_missing(tmp_path:
         double.stop()
 
 
-def test_a_container_the_product_did_not_create_is_refused(pve: PveDouble, gpu_dev: Path, tmp_path: Path) -> None:
+def test_a_container_the_product_did_not_create_is_refused(
+    pve: PveDouble, gpu_dev: Path, tmp_path: Path
+) -> None:
     """A VMID already taken by someone else's container (no `dflash` tag) is never rewritten or restarted;
     tagging it on purpose adopts it, and its other tags stay."""
     from proxmoxer import ProxmoxAPI

@@ -329,13 +329,13 @@ def test_a_new_run_config_field_needs_no_change_under_roles(tmp_path: Path) -> N
     assert overrides == {
         "eval": {"new_knob": 5},
         "generate": {"endpoints": ["http://10.0.1.20:30000", "http://[fd00::1]:30001"]},
-        "target": {"path": "/dev/shm/stage/tiny", "stage_to": ""},
+        "target": {"path": "/dev/shm/stage/knob/tiny", "stage_to": ""},
     }
     dropin = (tmp_path / "out" / "run.conf").read_text()
     assert "--set" not in dropin
     configs = "/var/lib/trainer/configs"
     assert f"-m trainer run {configs}/knob.yml --overrides {configs}/knob.overrides.yml" in dropin
-    assert "ExecStartPre=/bin/cp -a -- /models/tiny /dev/shm/stage/tiny" in dropin
+    assert "ExecStartPre=/bin/cp -a -- /models/tiny /dev/shm/stage/knob/tiny" in dropin
 
     # What the node loads (run file + the overrides file, the same loader) has the new field's value.
     probe = (
@@ -349,7 +349,7 @@ def test_a_new_run_config_field_needs_no_change_under_roles(tmp_path: Path) -> N
         cwd=src, capture_output=True, text=True, timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["5", "4", "/dev/shm/stage/tiny", "2"]
+    assert r.stdout.split() == ["5", "4", "/dev/shm/stage/knob/tiny", "2"]
 
 
 def test_the_render_step_asks_the_trainer_that_owns_the_fields(tmp_path: Path) -> None:

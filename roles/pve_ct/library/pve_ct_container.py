@@ -220,10 +220,10 @@ def converge(module, api, current, want):
     p = module.params
     if p["tag"] and p["tag"].lower() not in tags_of(current):
         module.fail_json(
-            msg="CT {vmid} exists but does not carry the tag '{tag}' that this role sets when it creates the "
-            "container (its tags: {tags}): it was not created by this product, and converging it would rewrite "
-            "its config and restart it. Choose a free pve_ct_vmid, or, to adopt this container on purpose, add "
-            "the tag in Proxmox (pct set {vmid} --tags '{tag}', keeping its other tags).".format(
+            msg="CT {vmid} exists but does not carry the tag '{tag}' that this role sets when it creates "
+            "the container (its tags: {tags}): it was not created by this product, and converging it would "
+            "rewrite its config and restart it. Choose a free pve_ct_vmid, or, to adopt this container on "
+            "purpose, add the tag in Proxmox (pct set {vmid} --tags '{tag}', keeping its other tags).".format(
                 vmid=p["vmid"], tag=p["tag"], tags=current.get("tags") or "none"
             )
         )
