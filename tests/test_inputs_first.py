@@ -35,6 +35,7 @@ def _filled(tmp_path: Path, vault: bool = True) -> Path:
         text = f.read_text()
         text = re.sub(r'"sha256:REPLACE[^"]*"', f'"sha256:{HEX}"', text)
         text = re.sub(r'"REPLACE-with-sha256sum[^"]*"', f'"{HEX}"', text)
+        text = re.sub(r'"REPLACE-with-the-40-hex[^"]*"', f'"{HEX[:40]}"', text)
         text = text.replace("AAAA...REPLACE-with-the-controller's-public-key",
                             "AAAAC3NzaC1lZDI1NTE5AAAAIDx0dW1teWtleWZvcnRlc3RzMDAwMDAwMDAwMDAw")
         f.write_text(text)
@@ -51,6 +52,7 @@ def test_the_example_as_shipped_stops_in_the_first_play_naming_the_placeholders(
     assert "nvidia_open_run_sha256: REPLACE" in out, out[-3000:]
     assert "nvidia_open_source_sha256: REPLACE" in out, out[-3000:]
     assert "gpu_userspace_cuda_keyring_checksum" in out and "pve_ct_ssh_public_keys[0]" in out, out[-3000:]
+    assert "sglang_model_revision: REPLACE" in out, out[-3000:]
     # The run stopped there: no later play started and no host was contacted.
     assert "PLAY [Preflight every node" not in out and "UNREACHABLE" not in out, out[-3000:]
     assert "PLAY [Check every inventory value before any host is touched]" in out
@@ -61,6 +63,7 @@ def test_a_filled_example_passes_and_the_real_order_goes_on(tmp_path: Path) -> N
     res = _play("playbooks/inputs.yml", "-i", str(inv))
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert re.search(r"pve1\s+: ok=\d+ .*failed=0", res.stdout), res.stdout[-2000:]
+    assert re.search(r"b200-1\s+: ok=\d+ .*failed=0", res.stdout), res.stdout[-2000:]
 
 
 def test_a_missing_secret_is_named(tmp_path: Path) -> None:
@@ -76,6 +79,7 @@ def test_a_missing_secret_is_named(tmp_path: Path) -> None:
     ("nvidia_open_source_sha256", HEX[:63], "a 64-hex nvidia_open_source_sha256"),
     ("node_driver_version", "latest", "nvidia_open_version (node_driver_version) must read like MAJOR"),
     ("gpu_userspace_cuda_keyring_checksum", HEX, "gpu_userspace_cuda_keyring_checksum (sha256:HEX)"),
+    ("sglang_model_revision", "main", "needs sglang_model_revision set to the commit sha"),
 ])
 def test_a_malformed_value_is_named(tmp_path: Path, var: str, bad: str, named: str) -> None:
     inv = _filled(tmp_path)

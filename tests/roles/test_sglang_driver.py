@@ -1,7 +1,8 @@
 """Role sglang's driver check on the B200 node: a floor, and an exact version only when one is pinned.
 
-A real ansible-playbook run of the role's checks (tasks_from validate.yml, on localhost) against the
-stand-in nvidia-smi (tests/doubles/standins/nvidia-smi) reporting 3 x B200 at a given driver version.
+A real ansible-playbook run of the role's checks (tasks_from inputs.yml, gpus.yml and driver_check.yml,
+on localhost) against the stand-in nvidia-smi (tests/doubles/standins/nvidia-smi) reporting 3 x B200 at a
+given driver version.
 The B200 node's driver is its own, not the Proxmox host's: nothing here sets nvidia_open_version.
 """
 
@@ -44,13 +45,16 @@ _PLAY = """\
 _CASE = """\
 - name: Run the role's checks
   block:
-    - name: Validate
+    - name: Check the inputs, read the GPUs, check the driver
       ansible.builtin.include_role:
         name: sglang
-        tasks_from: validate.yml
+        tasks_from: "{{ phase }}"
       vars:
         sglang_nvidia_smi: "{{ case.smi }}"
         sglang_driver_version: "{{ case.pin }}"
+      loop: [inputs.yml, gpus.yml, driver_check.yml]
+      loop_control:
+        loop_var: phase
 
     - name: Record a pass
       ansible.builtin.set_fact:

@@ -270,11 +270,16 @@ _RENDER = """
   connection: local
   gather_facts: false
   tasks:
-    - name: Resolve the run with the trainer and compose its overrides
+    - name: Resolve the run with the trainer
       ansible.builtin.include_role:
         name: {role}
         tasks_from: resolve
         public: true  # the role's vars (the unit's paths) for the template below
+    - name: Compose its overrides and check the run as the node gets it
+      ansible.builtin.include_role:
+        name: {role}
+        tasks_from: overrides
+        public: true
     - name: Render the run's drop-in
       ansible.builtin.template:
         src: {role}/templates/run.conf.j2
