@@ -373,7 +373,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--startup-s", type=float, default=0.0, help="503 on /health for this long after start")
     p.add_argument("--context-length", type=int, default=262144)
     p.add_argument("--reasoning-parser", default="", choices=["", "qwen3"])
-    p.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY' (health exempt)")
+    p.add_argument("--api-key", default=os.environ.get("SGLANG_DOUBLE_API_KEY", ""),
+                   help="require 'Authorization: Bearer KEY' (health exempt); default $SGLANG_DOUBLE_API_KEY")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate (PEM) ...")
     p.add_argument("--tls-key", default="", help="... and this key")

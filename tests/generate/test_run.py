@@ -242,6 +242,29 @@ def test_a_wrong_api_key_disables_the_endpoint(tmp_path: Path, sglang: Any, capl
     assert rc == 0 and summary["completed"] == 5
 
 
+def test_the_key_is_not_sent_over_plain_http_to_another_host(tmp_path: Path, monkeypatch: Any) -> None:
+    """With a key set, an http:// endpoint that is not loopback is refused before anything is read or sent;
+    https://, loopback and an explicit generate.allow_plain_http_key pass that check."""
+    write_prompts(tmp_path / "p.jsonl", 1)
+    monkeypatch.setenv("SGLANG_API_KEY", "k")
+    remote = ["http://127.0.0.1:1", "http://10.0.1.20:30000"]
+    refused = (r"refusing to send the API key \(\$SGLANG_API_KEY\) over plain HTTP "
+               r"to http://10\.0\.1\.20:30000: .*allow_plain_http_key: true")
+    with pytest.raises(ConfigError, match=refused):
+        stage(load_run_config(write_run(tmp_path, tmp_path / "p.jsonl", remote)))
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").rglob("part-*"))
+    from trainer.generate.endpoints import plain_http_key_refusal
+
+    ok = ["https://10.0.1.20:30000", "http://localhost:30000", "http://127.0.0.2:30000", "http://[::1]:30000"]
+    cfg = load_run_config(write_run(tmp_path, tmp_path / "p.jsonl", ok)).generate
+    assert plain_http_key_refusal(cfg, "k") is None
+    run = write_run(tmp_path, tmp_path / "p.jsonl", remote, allow_plain_http_key=True)
+    cfg = load_run_config(run).generate
+    assert plain_http_key_refusal(cfg, "k") is None
+    cfg = load_run_config(write_run(tmp_path, tmp_path / "p.jsonl", remote)).generate
+    assert plain_http_key_refusal(cfg, "") is None, "no key: nothing to protect"
+
+
 def test_config_errors_name_the_key(tmp_path: Path) -> None:
     write_prompts(tmp_path / "p.jsonl", 1)
     with pytest.raises(ConfigError, match=r"generate\.endpoints: empty"):

@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -381,6 +382,80 @@ def test_model_fetch_from_s3(tmp_path: Path, s3_server, monkeypatch: pytest.Monk
         m.fetch("s3://models/nothing-here", tmp_path / "empty")
 
 
+@pytest.mark.parametrize("hostile", ["/{abs}", "../../sentinel", "sub/../../../sentinel"])
+def test_model_fetch_from_s3_refuses_keys_that_leave_dest(
+    tmp_path: Path, s3_server, hostile: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 stores `qwen/tiny//abs/path` and `qwen/tiny/../../x` like any key; joined as they are, pathlib
+    drops dest before the absolute part and `..` climbs out of it. The fetch (the CLI, as the role runs
+    it) fails naming the key, and writes nothing, inside dest or out."""
+    import boto3
+
+    src = _model(tmp_path / "src")
+    s3 = boto3.client("s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1")
+    bucket = f"hostile-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    for p in src.rglob("*"):
+        if p.is_file():
+            s3.upload_file(str(p), bucket, f"qwen/tiny/{p.relative_to(src).as_posix()}")
+    sentinel = tmp_path / "sentinel"
+    key = "qwen/tiny/" + hostile.format(abs=sentinel)
+    s3.put_object(Bucket=bucket, Key=key, Body=b"evil")
+    assert key in [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    dest = tmp_path / "a" / "dest"
+    env = {**os.environ, "S3_ENDPOINT_URL": s3_server.endpoint_url}  # credentials: set by s3_server
+    r = subprocess.run(
+        [sys.executable, str(FILES / "sglang_model.py"), "fetch", f"s3://{bucket}/qwen/tiny", str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"model: s3://{bucket}/{key}: unsafe object key" in r.stderr, r.stderr
+    assert not sentinel.exists()
+    assert not [p for p in dest.rglob("*")], "nothing may be written when one key is refused"
+    # the same in-process (the module's own error type)
+    monkeypatch.setenv("S3_ENDPOINT_URL", s3_server.endpoint_url)
+    m = _load("sglang_model")
+    with pytest.raises(m.ModelError, match="unsafe object key"):
+        m.fetch(f"s3://{bucket}/qwen/tiny", dest)
+    assert not sentinel.exists() and not (dest / "config.json").exists()
+
+
+def test_model_fetch_refuses_a_symlink_in_dest_that_points_out(tmp_path: Path) -> None:
+    m = _load("sglang_model")
+    src = _model(tmp_path / "src")
+    dest, outside = tmp_path / "dest", tmp_path / "outside"
+    outside.mkdir()
+    dest.mkdir()
+    (dest / "sub").symlink_to(outside)
+    with pytest.raises(m.ModelError, match=r"sub/tokenizer\.json: cannot be copied .*outside"):
+        m.fetch(str(src), dest)
+    assert not list(outside.iterdir()) and not (dest / "config.json").exists()
+
+
+def test_model_helper_runs_with_safepath_copied_beside_it(tmp_path: Path) -> None:
+    """On the node the trainer package is absent: the role copies trainer/safepath.py next to the
+    helper. `python -S` (no site-packages, so no trainer package) proves the helper needs nothing else."""
+    libexec = tmp_path / "libexec"
+    libexec.mkdir()
+    (libexec / "sglang_model.py").write_bytes((FILES / "sglang_model.py").read_bytes())
+    (libexec / "safepath.py").write_bytes((ROOT / "trainer" / "safepath.py").read_bytes())
+    src = _model(tmp_path / "src")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "sub").symlink_to(tmp_path / "outside")
+    run = [sys.executable, "-S", str(libexec / "sglang_model.py"), "fetch", str(src)]
+    r = subprocess.run([*run, str(tmp_path / "dest")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "cannot be copied" in r.stderr and "outside" in r.stderr, r.stderr
+    ok = subprocess.run([*run, str(tmp_path / "d2")], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["files"] == 5, ok.stderr
+    (libexec / "safepath.py").unlink()
+    gone = subprocess.run([*run, str(tmp_path / "d3")], capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 1 and "No module named 'trainer'" in gone.stderr, gone.stderr
+
+
 def test_model_fetch_from_hf_without_huggingface_hub_says_what_is_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -423,3 +498,31 @@ def test_model_stage_copies_once_and_refuses_without_space(
     monkeypatch.setattr(m.shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
     with pytest.raises(m.ModelError, match=r"staging .* needs 0.00 GiB, only 0.00 GiB free there"):
         m.stage(tmp_path / "model", tmp_path / "shm2" / "model")
+
+
+def test_router_standin_with_a_key_refuses_callers_without_it(standin: Path, procs: list) -> None:
+    """As the real router's auth middleware: no key or another key is 401, nothing reaches a worker."""
+    port = _port()
+    procs.append(_launch_standin(standin, port, "--api-key", "k1"))
+    rport = _port()
+    procs.append(
+        _module(
+            standin,
+            "sglang_router.launch_router",
+            *["--host", "127.0.0.1", "--port", str(rport), "--policy", "round_robin"],
+            *["--worker-urls", f"http://127.0.0.1:{port}", "--api-key", "k1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    _wait(f"http://127.0.0.1:{port}/health")
+    _wait(f"http://127.0.0.1:{rport}/health")  # the health probe is open
+    body = {"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    url = f"http://127.0.0.1:{rport}/v1/chat/completions"
+    for headers in ({}, {"Authorization": "Bearer k2"}):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _post(url, body, headers)
+        assert refused.value.code == 401
+    stats = {"Authorization": "Bearer k1"}
+    assert json.loads(_get(f"http://127.0.0.1:{port}/double/stats", stats)[1])["served"] == 0
+    assert _post(url, body, {"Authorization": "Bearer k1"})[0] == 200

@@ -37,6 +37,10 @@ class GenerateConfig:
     concurrency: int = 0  # requests in flight per endpoint; 0 = the endpoint's max_running_requests
     default_concurrency: int = 64  # when the endpoint does not say (e.g. the router)
     api_key_env: str = "SGLANG_API_KEY"  # env var holding the endpoints' API key ("" or unset = none)
+    # Send the key over plain http:// to a host other than loopback: anyone on the path reads it. Off by
+    # default: with a key set, such an endpoint is refused before any request; use https:// endpoints,
+    # or set this for a private network you trust.
+    allow_plain_http_key: bool = False
     request_timeout_s: float = 3600.0  # one completion; a timeout puts the endpoint aside
     connect_timeout_s: float = 10.0
     # idle seconds after which a pooled connection is not reused; below the servers' own keep-alive

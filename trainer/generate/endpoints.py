@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import ipaddress
 import json
 import logging
 import ssl
+import urllib.parse
 from typing import Any
 
 import aiohttp
@@ -135,6 +137,31 @@ def base_url(url: str) -> str:
     /health and /server_info at the root and the chat API under /v1."""
     url = url.rstrip("/")
     return url[:-len("/v1")] if url.endswith("/v1") else url
+
+
+def plain_http_key_refusal(cfg: GenerateConfig, api_key: str) -> str | None:
+    """Why sending the API key to these endpoints is refused, or None: a key goes to an http:// URL of a
+    host other than loopback (localhost, 127.0.0.0/8, ::1) only when generate.allow_plain_http_key says
+    so; https:// and loopback are always fine."""
+    if not api_key or cfg.allow_plain_http_key:
+        return None
+    plain = []
+    for url in cfg.endpoints:
+        parts = urllib.parse.urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if parts.scheme != "http" or host == "localhost":
+            continue
+        try:
+            if ipaddress.ip_address(host).is_loopback:
+                continue
+        except ValueError:
+            pass  # a name other than localhost: not known to be loopback
+        plain.append(url)
+    if not plain:
+        return None
+    return (f"generate.endpoints: refusing to send the API key (${cfg.api_key_env}) over plain HTTP to "
+            f"{', '.join(plain)}: anyone on the network path can read it. Serve the endpoints over https://, "
+            f"or set generate.allow_plain_http_key: true for a private network you trust")
 
 
 class Endpoint:

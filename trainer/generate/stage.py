@@ -55,12 +55,18 @@ def local_prompts(cfg: RunConfig, cache: Path) -> Path:
 def adopt_remote(mirror: Any, timeout_s: float, backoff_s: float, backoff_max_s: float) -> int | None:
     """Fetch the progress on S3. While S3 is unreachable: a spool that has synced before knows what is
     done (go on from it); an empty spool (a new node) must not guess, so it retries until `timeout_s`
-    and then gives up (None) rather than regenerate ids that S3 may already hold."""
+    and then gives up (None) rather than regenerate ids that S3 may already hold. A sidecar on S3 whose
+    shard name would leave the output dir is no outage: None at once, the log naming it."""
+    from trainer.generate.store import SidecarError
+
     deadline = time.monotonic() + timeout_s
     delay = backoff_s
     while True:
         try:
             return int(mirror.adopt_remote())
+        except SidecarError as e:
+            log.error("generate: cannot take over the progress on %s: %s", mirror.url(), e)
+            return None
         except Exception as e:  # any S3/network error
             why = f"{type(e).__name__}: {e}"
             if mirror.store.shards:
@@ -77,11 +83,15 @@ def adopt_remote(mirror: Any, timeout_s: float, backoff_s: float, backoff_max_s:
 
 
 def stage(cfg: RunConfig) -> int:
+    from trainer.generate.endpoints import plain_http_key_refusal
     from trainer.generate.store import ShardStore, StoreLocked
 
     g = cfg.generate
     if not g.endpoints:
         raise ConfigError("generate.endpoints: empty; list the SGLang base URLs (e.g. http://10.0.0.5:30000)")
+    refusal = plain_http_key_refusal(g, os.environ.get(g.api_key_env, "") if g.api_key_env else "")
+    if refusal:  # before anything is read or sent
+        raise ConfigError(refusal)
     layout = RunLayout.of(cfg)
     try:
         store = ShardStore(layout.generate_output, g.format, g.shard_records)

@@ -10,6 +10,10 @@ argument is refused with exit 2, as the real router's argparse does), its orderi
 check are exercised without installing it. /health answers 200 when at least one
 worker answers /health; requests are forwarded to the workers in turn, skipping those that fail to
 connect.
+
+With --api-key, a caller must send `Authorization: Bearer KEY`, as the real router's auth middleware
+requires: one that sends none, or another key, gets 401 and nothing is forwarded. Only the health
+probes (/health, /liveness, /readiness) are open, so that systemd's readiness check needs no key.
 """
 
 from __future__ import annotations
@@ -65,8 +69,14 @@ def make_handler(router: Router) -> type[BaseHTTPRequestHandler]:
         def _forward(self, method: str) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
-            if router.api_key and "Authorization" not in headers:
-                headers["Authorization"] = f"Bearer {router.api_key}"
+            open_path = self.path.split("?")[0] in ("/health", "/liveness", "/readiness")
+            if (
+                router.api_key
+                and not open_path
+                and headers.get("Authorization") != f"Bearer {router.api_key}"
+            ):
+                self._reply(401, b'{"error": "Unauthorized"}')
+                return
             last = "no worker"
             for worker in router.order():
                 req = urllib.request.Request(worker + self.path, data=body, headers=headers, method=method)

@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 DOUBLE = Path(__file__).with_name("_double.py")
+DOUBLE_KEY_ENV = "SGLANG_DOUBLE_API_KEY"  # read by the double as its --api-key default
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -54,8 +55,6 @@ def double_argv(a: argparse.Namespace) -> list[str]:
         "--model",
         a.served_model_name or a.model_path,
     ]
-    if a.api_key:
-        argv += ["--api-key", a.api_key]
     if a.reasoning_parser:
         argv += ["--reasoning-parser", a.reasoning_parser]
     if a.context_length:
@@ -89,9 +88,19 @@ def main(argv: list[str] | None = None) -> int:
             f"sglang stand-in: {DOUBLE} is missing (sglang_standin_wheels.py packs it into the wheel)\n"
         )
         return 2
+    # SGLang logs its whole ServerArgs at every start (python/sglang/srt/server_args.py, logged by the
+    # engine's launch), api_key included: the stand-in does too, so a test sees whether the key reaches
+    # the journal.
+    sys.stderr.write(
+        f"server_args=ServerArgs(model_path={args.model_path!r}, host={args.host!r}, port={args.port}, "
+        f"api_key={args.api_key or None!r}, tp_size={args.tp_size})\n"
+    )
     argv_ = double_argv(args)
     sys.stderr.flush()
-    os.execv(argv_[0], argv_)
+    env = dict(os.environ)
+    if args.api_key:  # to the double through its environment: the key stays out of every argv
+        env[DOUBLE_KEY_ENV] = args.api_key
+    os.execve(argv_[0], argv_, env)
     return 0  # not reached
 
 

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Run an SGLang entry point with its API key kept out of the command line and out of the journal.
+
+    sglang_launch.py MODULE [ARGS...]     # MODULE: sglang.launch_server or sglang_router.launch_router
+
+systemd expands ${VAR} in ExecStart= into the process's arguments (systemd.service(5), "Command lines"),
+and every local user reads those in `ps`, /proc/PID/cmdline and `systemctl status`. So the units pass
+no key on their command line. This launcher:
+
+- takes the key from SGLANG_API_KEY (set by the unit's EnvironmentFile, a root-only 0600 file systemd
+  reads before it drops privileges) and removes it from the environment the server's workers inherit
+  (the launcher's own /proc/PID/environ, readable only by the service user and root, keeps it);
+- runs MODULE as `python -m MODULE ARGS --api-key KEY` would, in a child process whose sys.argv gets
+  the key: sys.argv is Python's own copy, and the kernel's copy (/proc/PID/cmdline) stays the exec'd one;
+- copies the child's stdout and stderr (and those of every process it starts, which inherit them) to
+  its own, line by line, with the key replaced by ******** before a line reaches the journal: SGLang
+  logs its whole ServerArgs, api_key included, at every start.
+
+The exit status is the child's (128 + N when a signal N ended it, as a shell reports it); SIGTERM and
+SIGINT sent to the launcher are passed on to the child. Once the child has exited, output still coming
+from processes it left behind is copied for a few seconds more; systemd then stops what remains of the
+unit's control group. Without a key the module runs in this process, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import signal
+import sys
+import threading
+
+KEY_ENV = "SGLANG_API_KEY"
+MASK = b"********"
+DRAIN_S = 3.0  # seconds to copy output of processes that outlive the server
+
+
+def _run_module(module: str, args: list[str]) -> None:
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _child(module: str, args: list[str], write_fd: int) -> None:
+    os.dup2(write_fd, 1)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    code = 0
+    try:
+        _run_module(module, args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int) and e.code is not None:
+            print(e.code, file=sys.stderr)
+    except BaseException:  # report it as `python -m` would, then exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _copy_redacted(read_fd: int, key: bytes) -> None:
+    """Copy lines from read_fd to stdout until every writer has closed it, masking the key."""
+    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+        pending = b""
+        while chunk := pipe.read(65536):
+            pending += chunk
+            lines, _, pending = pending.rpartition(b"\n")
+            if lines:
+                os.write(1, lines.replace(key, MASK) + b"\n")
+            if len(pending) > 1 << 20:  # a very long line without newline: flush all but a key's length
+                keep = len(key) - 1
+                head, pending = pending[:-keep] if keep else pending, pending[-keep:] if keep else b""
+                os.write(1, head.replace(key, MASK))
+        if pending:
+            os.write(1, pending.replace(key, MASK))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0].startswith("-"):
+        sys.stderr.write("usage: sglang_launch.py MODULE [ARGS...]\n")
+        return 2
+    module, args = argv[0], argv[1:]
+    key = os.environ.pop(KEY_ENV, "")
+    if not key:
+        _run_module(module, args)
+        return 0
+    args = [*args, "--api-key", key]
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _child(module, args, write_fd)
+    os.close(write_fd)
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    copier = threading.Thread(target=_copy_redacted, args=(read_fd, key.encode()), daemon=True)
+    copier.start()
+    _, status = os.waitpid(pid, 0)
+    copier.join(timeout=DRAIN_S)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
