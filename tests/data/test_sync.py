@@ -128,6 +128,42 @@ def test_object_that_never_verifies_fails_naming_file_and_endpoint(s3_server: An
     assert not (tmp_path / "d" / "bad.bin").exists() and not (tmp_path / "d" / "bad.bin.part").exists()
 
 
+@pytest.mark.parametrize("hostile", ["//{abs}", "/../../sentinel", "/a/../../../sentinel"])
+def test_keys_that_would_leave_the_directory_are_refused_before_any_download(
+        s3_server: Any, tmp_path: Path, hostile: str) -> None:
+    """S3 stores `q//abs/path` and `q/../../x` like any key; joined as they are, they would write outside
+    the target (pathlib drops it before an absolute part, `..` climbs out)."""
+    client = _client(s3_server)
+    bucket = _bucket(client)
+    sentinel = tmp_path / "sentinel"
+    key = "q" + hostile.format(abs=sentinel)
+    client.put_object(Bucket=bucket, Key="q/good.bin", Body=b"fine")
+    client.put_object(Bucket=bucket, Key=key, Body=b"evil")
+    listed = [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert listed == sorted([key, "q/good.bin"]), "S3 keeps such keys as they are"
+    dest = tmp_path / "a" / "d"
+    with pytest.raises(SyncError, match="refusing unsafe object key") as exc:
+        S3Sync(client, bucket, "q", show_progress=False).download(dest)
+    assert repr(key) in str(exc.value) and s3_server.endpoint_url in str(exc.value)
+    assert not sentinel.exists() and not list(dest.rglob("*")), "nothing may be written"
+
+
+def test_a_symlink_in_the_target_that_points_out_is_not_followed(s3_server: Any, tmp_path: Path) -> None:
+    client = _client(s3_server)
+    bucket = _bucket(client)
+    client.put_object(Bucket=bucket, Key="q/good.bin", Body=b"fine")
+    client.put_object(Bucket=bucket, Key="q/sub/x.bin", Body=b"evil")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "d"
+    dest.mkdir()
+    (dest / "sub").symlink_to(outside)
+    with pytest.raises(SyncError, match=r"refusing object key 'q/sub/x\.bin'.*outside") as exc:
+        S3Sync(client, bucket, "q", show_progress=False).download(dest)
+    assert str(outside) in str(exc.value)
+    assert not list(outside.iterdir()) and not (dest / "good.bin").exists()
+
+
 def test_multipart_objects_are_verified(s3_server: Any, tmp_path: Path) -> None:
     client = _client(s3_server)
     bucket = _bucket(client)

@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,6 +110,63 @@ def test_recover_refuses_a_shard_that_does_not_match_its_sidecar(tmp_path: Path)
     store.close()
     with pytest.raises(RuntimeError, match=info.name):
         ShardStore(tmp_path, "jsonl", 1).recover()
+
+
+def test_recover_refuses_a_sidecar_whose_shard_name_leaves_the_output_dir(tmp_path: Path) -> None:
+    from trainer.generate.store import SidecarError
+
+    store = ShardStore(tmp_path / "out", "jsonl", 1)
+    (p,) = fill(store, range(1))
+    info = store.seal(p)
+    store.close()
+    side = tmp_path / "out" / "_state" / "manifest" / (info.name.split(".")[0] + ".json")
+    side.write_text(json.dumps({**info.to_json(), "shard": "../x"}))
+    with pytest.raises(SidecarError, match=rf"{side}: unsafe shard name '\.\./x'"):
+        ShardStore(tmp_path / "out", "jsonl", 1).recover()
+
+
+def test_a_sidecar_on_s3_with_a_hostile_shard_name_is_refused_before_any_fetch(
+        tmp_path: Path, s3_server: Any) -> None:
+    """A sidecar on S3 names the shard to download and the local file to write: `../x` is refused,
+    naming the sidecar, before anything is fetched; the stage stops instead of retrying it as an outage."""
+    import uuid
+
+    from trainer.config import S3Config
+    from trainer.generate.remote import S3Mirror
+    from trainer.generate.stage import adopt_remote
+    from trainer.generate.store import SidecarError
+    from trainer.s3 import make_client
+
+    client = make_client(S3Config(endpoint_url=s3_server.endpoint_url))
+    bucket = f"b-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    elsewhere = ShardStore(tmp_path / "elsewhere", "jsonl", 2)  # a node that uploaded one good shard
+    (p,) = fill(elsewhere, range(2))
+    good = elsewhere.seal(p)
+    elsewhere.register(good)
+    S3Mirror(client, bucket, "gen", elsewhere).upload_shard(good)
+    elsewhere.close()
+    bad = {**good.to_json(), "shard": "../x"}
+    bad_key = "gen/_state/manifest/part-00009-ffffff.json"
+    client.put_object(Bucket=bucket, Key=bad_key, Body=json.dumps(bad).encode())
+    client.put_object(Bucket=bucket, Key="gen/../x", Body=b"evil")
+
+    store = ShardStore(tmp_path / "node" / "out", "jsonl", 2)
+    mirror = S3Mirror(client, bucket, "gen", store)
+    with pytest.raises(SidecarError, match=rf"s3://{bucket}/{bad_key}: unsafe shard name '\.\./x'"):
+        mirror.adopt_remote()
+    assert adopt_remote(mirror, timeout_s=60, backoff_s=30, backoff_max_s=30) is None  # at once, no retry
+    assert not (tmp_path / "node" / "x").exists()
+    assert sorted(p.name for p in (tmp_path / "node" / "out").iterdir()) == ["_state"]
+    assert not store.shards and not list((tmp_path / "node" / "out" / "_state" / "manifest").iterdir())
+    # a plain name whose file in the output dir is a symlink pointing out is refused as well
+    client.delete_object(Bucket=bucket, Key=bad_key)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "node" / "out" / good.name).symlink_to(tmp_path / "outside" / good.name)
+    with pytest.raises(SidecarError, match=rf"refusing shard '{good.name}' .* outside"):
+        mirror.adopt_remote()
+    assert not list((tmp_path / "outside").iterdir()) and not store.shards
+    store.close()
 
 
 def test_one_writer_per_output_dir(tmp_path: Path) -> None:

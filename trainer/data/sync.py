@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.s3 import join_key
+from trainer.safepath import UnsafePathError, check_relative, inside
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024
@@ -170,8 +171,11 @@ class S3Sync:
                     rel = obj["Key"][len(base):]
                     if not rel or rel.endswith("/"):
                         continue
-                    if any(part in ("", ".", "..") for part in rel.split("/")):
-                        raise SyncError(f"{self.where}: refusing unsafe object key {obj['Key']!r}")
+                    try:
+                        check_relative(rel)
+                    except UnsafePathError as e:
+                        raise SyncError(f"{self.where}: refusing unsafe object key {obj['Key']!r} "
+                                        f"({e.reason})") from None
                     if self.include is None or self.include(rel):
                         out[rel] = int(obj["Size"])
         except SyncError:
@@ -298,6 +302,12 @@ class S3Sync:
         items = self.list_remote()
         if not items:
             raise SyncError(f"nothing to download: no objects under {self.where}")
+        for rel in items:  # every key checked before any is fetched
+            try:
+                inside(local, rel)
+            except UnsafePathError as e:
+                raise SyncError(f"{self.where}: refusing object key {join_key(self.prefix, rel)!r} "
+                                f"for {local}: {e.reason}") from None
         stats = self._run(items, self._download_one, local, "s3 down")
         log.info("s3 down %s -> %s: %d files (%d fetched, %d already there), %.1f MB/s",
                  self.where, local, stats.files, stats.transferred, stats.skipped, stats.mb_per_s)

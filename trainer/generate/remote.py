@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trainer.generate.store import ShardInfo, ShardStore, read_records
+from trainer.generate.store import ShardInfo, ShardStore, SidecarError, read_records
 from trainer.s3 import join_key
+from trainer.safepath import UnsafePathError, inside
 
 log = logging.getLogger("trainer.generate")
 
@@ -45,14 +46,14 @@ class S3Mirror:
 
     # ------------------------------------------------------------------- sync helpers (worker threads)
     def remote_sidecars(self) -> dict[str, ShardInfo]:
-        """Shard name -> ShardInfo for every sidecar on S3."""
+        """Shard name -> ShardInfo for every sidecar on S3 (SidecarError when one names no plain file)."""
         out: dict[str, ShardInfo] = {}
         paginator = self.client.get_paginator("list_objects_v2")
         pages = paginator.paginate(Bucket=self.bucket, Prefix=self.key("_state/manifest/"))
         keys = [o["Key"] for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".json")]
         for key in keys:
             body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-            info = ShardInfo.from_json(json.loads(body))
+            info = ShardInfo.from_json(json.loads(body), f"s3://{self.bucket}/{key}")
             out[info.name] = info
         return out
 
@@ -60,9 +61,16 @@ class S3Mirror:
         """Download the shards that S3 has and the local spool lacks; returns how many."""
         remote = self.remote_sidecars()
         missing = [info for name, info in sorted(remote.items()) if name not in self.store.shards]
+        paths = {}
+        for info in missing:  # every name is checked (by from_json, and here for links) before any fetch
+            try:
+                paths[info.name] = inside(self.store.out, info.name)
+            except UnsafePathError as e:
+                raise SidecarError(f"{self.url()}: refusing shard {info.name!r} (named by its sidecar) "
+                                   f"for {self.store.out}: {e.reason}") from None
 
         def fetch(info: ShardInfo) -> ShardInfo:
-            path = self.store.out / info.name
+            path = paths[info.name]
             tmp = path.with_name(path.name + ".tmp")
             self.client.download_file(self.bucket, self.key(info.name), str(tmp))
             ids = tuple(str(r["id"]) for r in read_records(tmp.read_bytes(), info.name))

@@ -27,11 +27,18 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from trainer.safepath import UnsafePathError, check_name
+
 SHARD_RE = re.compile(r"^part-(\d{5,})-([0-9a-f]+)\.(jsonl|jsonl\.zst)$")
 
 
 class StoreLocked(RuntimeError):
     """Another process holds the output dir."""
+
+
+class SidecarError(ValueError):
+    """A sidecar that cannot be used (e.g. a shard name that is not one plain file name); the message
+    names the sidecar and what is wrong with it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,8 +56,14 @@ class ShardInfo:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ShardInfo:
-        return cls(d["shard"], d["sha256"], int(d["bytes"]), int(d["records"]), tuple(d["ids"]))
+    def from_json(cls, d: dict[str, Any], where: str = "sidecar") -> ShardInfo:
+        """A sidecar's JSON; its shard name becomes a local path and an S3 key, so it must be one plain
+        file name (SidecarError naming `where` and the name otherwise)."""
+        try:
+            name = check_name(d["shard"])
+        except UnsafePathError as e:
+            raise SidecarError(f"{where}: unsafe shard name {e.name!r} ({e.reason})") from None
+        return cls(name, d["sha256"], int(d["bytes"]), int(d["records"]), tuple(d["ids"]))
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -129,7 +142,7 @@ class ShardStore:
                 continue
             side = self.side_dir / (path.name.split(".")[0] + ".json")
             if side.exists():
-                info = ShardInfo.from_json(json.loads(side.read_text()))
+                info = ShardInfo.from_json(json.loads(side.read_text()), str(side))
                 if info.bytes != path.stat().st_size:
                     raise RuntimeError(f"{path}: size {path.stat().st_size} != {info.bytes} in {side}")
             else:

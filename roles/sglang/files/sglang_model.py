@@ -10,8 +10,11 @@ A fetch copies every file, then writes DEST/.sglang-model.json (source + {relati
 `verify` checks that manifest against the disk (every file present with its size, nothing listed
 missing) and, when the model has a `model.safetensors.index.json`, that every shard it names is there
 and that the shards hold at least the index's `metadata.total_size` bytes. Standard library only, except
-boto3 (S3 sources) and huggingface_hub (hf:// sources), imported when used. S3 credentials come from the
-environment (AWS_*, and S3_ENDPOINT_URL for non-AWS endpoints); the HF token from HF_TOKEN.
+boto3 (S3 sources) and huggingface_hub (hf:// sources), imported when used, and safepath.py (copied next
+to this file; trainer/safepath.py in the repository), which refuses every S3 key, repository file name
+or source file whose path would leave DEST: an absolute part, `..`, a symlink pointing out. Every name
+is checked before anything is written. S3 credentials come from the environment (AWS_*, and
+S3_ENDPOINT_URL for non-AWS endpoints); the HF token from HF_TOKEN.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+try:
+    from safepath import UnsafePathError, inside
+except ImportError:  # run from the repository, where it lives in the trainer package
+    from trainer.safepath import UnsafePathError, inside
 
 MANIFEST = ".sglang-model.json"
 INDEX = "model.safetensors.index.json"
@@ -90,11 +98,18 @@ def verify(root: Path, source: str | None = None) -> dict[str, int]:
 def _copy_local(src: Path, dest: Path) -> None:
     if not src.is_dir():
         raise ModelError(f"{src}: model source is not a directory")
+    targets = {}
     for rel in scan(src):
-        target = dest / rel
+        try:
+            targets[rel] = inside(dest, rel)
+        except UnsafePathError as e:
+            raise ModelError(f"{src / rel}: cannot be copied ({e})") from None
+    for rel, target in targets.items():
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src / rel, target.with_name(target.name + ".part"))
-        os.replace(target.with_name(target.name + ".part"), target)
+        part = target.with_name(target.name + ".part")
+        part.unlink(missing_ok=True)  # never write through a link left there
+        shutil.copyfile(src / rel, part)
+        os.replace(part, target)
 
 
 def _copy_s3(url: str, dest: Path, workers: int = 16) -> None:
@@ -113,9 +128,15 @@ def _copy_s3(url: str, dest: Path, workers: int = 16) -> None:
     ]
     if not keys:
         raise ModelError(f"{url}: no objects under this prefix")
+    targets = {}
+    for key in keys:  # all checked before any is fetched
+        try:
+            targets[key] = inside(dest, key[len(prefix) :])
+        except UnsafePathError as e:
+            raise ModelError(f"s3://{bucket}/{key}: unsafe object key ({e})") from None
 
     def one(key: str) -> None:
-        target = dest / key[len(prefix) :]
+        target = targets[key]
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(target.name + ".part")
         s3.download_file(bucket, key, str(part))
@@ -127,13 +148,19 @@ def _copy_s3(url: str, dest: Path, workers: int = 16) -> None:
 
 def _copy_hf(url: str, dest: Path) -> None:
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import HfApi, snapshot_download
     except ImportError as e:
         raise ModelError(f"{url}: an hf:// model source needs huggingface_hub (in the SGLang venv)") from e
     repo, _, rev = url[len("hf://") :].partition("@")
-    snapshot_download(
-        repo_id=repo, revision=rev or None, local_dir=str(dest), token=os.environ.get("HF_TOKEN") or None
-    )
+    token = os.environ.get("HF_TOKEN") or None
+    # Only recent huggingface_hub releases check the repository's file names (older ones let `..`
+    # through on Linux): checked here before anything is downloaded.
+    for name in HfApi(token=token).list_repo_files(repo, revision=rev or None):
+        try:
+            inside(dest, name)
+        except UnsafePathError as e:
+            raise ModelError(f"{url}: unsafe file name in the repository ({e})") from None
+    snapshot_download(repo_id=repo, revision=rev or None, local_dir=str(dest), token=token)
 
 
 def fetch(source: str, dest: Path) -> dict[str, int]:
