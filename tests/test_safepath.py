@@ -77,7 +77,7 @@ def test_check_name_takes_one_plain_file_name() -> None:
 
 
 def test_the_module_stands_alone() -> None:
-    """Role sglang copies it next to sglang_model.py on nodes without the trainer package: run with no
+    """Role model copies it next to model_fetch.py on nodes without the trainer package: run with no
     site-packages and only its own directory on the path, it imports and works."""
     code = (
         "import safepath, sys\n"

@@ -29,12 +29,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "sglang" / "files"
+MODEL_FILES = ROOT / "roles" / "model" / "files"  # role model's fetch helper, which role sglang uses
 DOUBLE = ROOT / "tests" / "doubles" / "sglang_server.py"
 STANDIN = ROOT / "tests" / "doubles" / "standins"
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, FILES / f"{name}.py")
+    path = MODEL_FILES / "model_fetch.py" if name == "model_fetch" else FILES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -298,7 +300,7 @@ def _model(root: Path, shard_bytes: int = 16, total: int = 20) -> Path:
 
 
 def test_model_fetch_local_then_verify_detects_truncation(tmp_path: Path) -> None:
-    m = _load("sglang_model")
+    m = _load("model_fetch")
     src = _model(tmp_path / "src")
     dest = tmp_path / "dest"
     files = m.fetch(str(src), dest)
@@ -319,16 +321,16 @@ def test_model_fetch_local_then_verify_detects_truncation(tmp_path: Path) -> Non
 
 
 def test_model_fetch_refuses_incomplete_models(tmp_path: Path) -> None:
-    m = _load("sglang_model")
+    m = _load("model_fetch")
     src = _model(tmp_path / "src")
     (src / "s2.safetensors").unlink()
     with pytest.raises(m.ModelError, match=r"1 shard.*missing: s2\.safetensors"):
         m.fetch(str(src), tmp_path / "d1")
-    assert not (tmp_path / "d1" / ".sglang-model.json").exists(), "a failed fetch must leave no manifest"
+    assert not (tmp_path / "d1" / ".model.json").exists(), "a failed fetch must leave no manifest"
     small = _model(tmp_path / "small", shard_bytes=4, total=100)
     with pytest.raises(m.ModelError, match="shards hold 8 bytes, fewer than the index's total_size 100"):
         m.fetch(str(small), tmp_path / "d2")
-    with pytest.raises(m.ModelError, match=r"no \.sglang-model\.json"):
+    with pytest.raises(m.ModelError, match=r"no \.model\.json"):
         m.verify(tmp_path / "d2")
     with pytest.raises(m.ModelError, match="unsupported model source"):
         m.fetch("https://example.invalid/model", tmp_path / "d3")
@@ -336,7 +338,7 @@ def test_model_fetch_refuses_incomplete_models(tmp_path: Path) -> None:
 
 def test_model_fetch_cli_reports_errors_by_exit_code(tmp_path: Path) -> None:
     src = _model(tmp_path / "src")
-    script = str(FILES / "sglang_model.py")
+    script = str(MODEL_FILES / "model_fetch.py")
     ok = subprocess.run(
         [sys.executable, script, "fetch", str(src), str(tmp_path / "d")],
         capture_output=True,
@@ -354,13 +356,13 @@ def test_model_fetch_cli_reports_errors_by_exit_code(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert bad.returncode == 1 and "no .sglang-model.json" in bad.stderr
+    assert bad.returncode == 1 and "no .model.json" in bad.stderr
 
 
 def test_model_fetch_from_s3(tmp_path: Path, s3_server, monkeypatch: pytest.MonkeyPatch) -> None:
     import boto3
 
-    m = _load("sglang_model")
+    m = _load("model_fetch")
     src = _model(tmp_path / "src")
     s3 = boto3.client("s3", endpoint_url=s3_server.endpoint_url, region_name="us-east-1")
     s3.create_bucket(Bucket="models")
@@ -405,7 +407,7 @@ def test_model_fetch_from_s3_refuses_keys_that_leave_dest(
     dest = tmp_path / "a" / "dest"
     env = {**os.environ, "S3_ENDPOINT_URL": s3_server.endpoint_url}  # credentials: set by s3_server
     r = subprocess.run(
-        [sys.executable, str(FILES / "sglang_model.py"), "fetch", f"s3://{bucket}/qwen/tiny", str(dest)],
+        [sys.executable, str(MODEL_FILES / "model_fetch.py"), "fetch", f"s3://{bucket}/qwen/tiny", str(dest)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -417,14 +419,14 @@ def test_model_fetch_from_s3_refuses_keys_that_leave_dest(
     assert not [p for p in dest.rglob("*")], "nothing may be written when one key is refused"
     # the same in-process (the module's own error type)
     monkeypatch.setenv("S3_ENDPOINT_URL", s3_server.endpoint_url)
-    m = _load("sglang_model")
+    m = _load("model_fetch")
     with pytest.raises(m.ModelError, match="unsafe object key"):
         m.fetch(f"s3://{bucket}/qwen/tiny", dest)
     assert not sentinel.exists() and not (dest / "config.json").exists()
 
 
 def test_model_fetch_refuses_a_symlink_in_dest_that_points_out(tmp_path: Path) -> None:
-    m = _load("sglang_model")
+    m = _load("model_fetch")
     src = _model(tmp_path / "src")
     dest, outside = tmp_path / "dest", tmp_path / "outside"
     outside.mkdir()
@@ -440,13 +442,13 @@ def test_model_helper_runs_with_safepath_copied_beside_it(tmp_path: Path) -> Non
     helper. `python -S` (no site-packages, so no trainer package) proves the helper needs nothing else."""
     libexec = tmp_path / "libexec"
     libexec.mkdir()
-    (libexec / "sglang_model.py").write_bytes((FILES / "sglang_model.py").read_bytes())
+    (libexec / "model_fetch.py").write_bytes((MODEL_FILES / "model_fetch.py").read_bytes())
     (libexec / "safepath.py").write_bytes((ROOT / "trainer" / "safepath.py").read_bytes())
     src = _model(tmp_path / "src")
     (tmp_path / "outside").mkdir()
     (tmp_path / "dest").mkdir()
     (tmp_path / "dest" / "sub").symlink_to(tmp_path / "outside")
-    run = [sys.executable, "-S", str(libexec / "sglang_model.py"), "fetch", str(src)]
+    run = [sys.executable, "-S", str(libexec / "model_fetch.py"), "fetch", str(src)]
     r = subprocess.run([*run, str(tmp_path / "dest")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "cannot be copied" in r.stderr and "outside" in r.stderr, r.stderr
     ok = subprocess.run([*run, str(tmp_path / "d2")], capture_output=True, text=True, timeout=60)
@@ -460,17 +462,17 @@ def test_model_fetch_from_hf_without_huggingface_hub_says_what_is_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """hf:// downloads need the hub (unreachable from tests): only the missing-library error is checked."""
-    m = _load("sglang_model")
+    m = _load("model_fetch")
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(
         m.ModelError, match=r"hf://Qwen/Qwen3\.6-27B: an hf:// model source needs huggingface_hub"
     ):
         m.fetch("hf://Qwen/Qwen3.6-27B", tmp_path / "dest")
-    assert not (tmp_path / "dest" / ".sglang-model.json").exists()
+    assert not (tmp_path / "dest" / ".model.json").exists()
 
 
 def test_model_verify_checks_the_source_it_was_fetched_from(tmp_path: Path) -> None:
-    m = _load("sglang_model")
+    m = _load("model_fetch")
     src = _model(tmp_path / "src")
     m.fetch(str(src), tmp_path / "dest")
     assert m.verify(tmp_path / "dest", str(src))
@@ -482,7 +484,7 @@ def test_model_verify_checks_the_source_it_was_fetched_from(tmp_path: Path) -> N
 def test_model_stage_copies_once_and_refuses_without_space(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    m = _load("sglang_model")
+    m = _load("model_fetch")
     src = _model(tmp_path / "src")
     m.fetch(str(src), tmp_path / "model")
     staged = tmp_path / "shm" / "model"
@@ -493,7 +495,7 @@ def test_model_stage_copies_once_and_refuses_without_space(
     assert (staged / "s1.safetensors").stat().st_mtime_ns == before
     (staged / "s1.safetensors").write_bytes(b"x")  # damaged copy: staged again
     assert m.stage(tmp_path / "model", staged) == files and m.verify(staged) == files
-    with pytest.raises(m.ModelError, match=r"no .sglang-model.json"):
+    with pytest.raises(m.ModelError, match=r"no .model.json"):
         m.stage(src, tmp_path / "shm" / "other")  # only a verified model is staged
     monkeypatch.setattr(m.shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
     with pytest.raises(m.ModelError, match=r"staging .* needs 0.00 GiB, only 0.00 GiB free there"):
@@ -526,3 +528,18 @@ def test_router_standin_with_a_key_refuses_callers_without_it(standin: Path, pro
     stats = {"Authorization": "Bearer k1"}
     assert json.loads(_get(f"http://127.0.0.1:{port}/double/stats", stats)[1])["served"] == 0
     assert _post(url, body, {"Authorization": "Bearer k1"})[0] == 200
+
+
+def test_model_fetch_fetches_a_damaged_copy_again(tmp_path: Path) -> None:
+    """A file whose size no longer matches the manifest fails verify, and the next fetch replaces it."""
+    m = _load("model_fetch")
+    src = _model(tmp_path / "src")
+    dest = tmp_path / "dest"
+    m.fetch(str(src), dest)
+    good = (dest / "s1.safetensors").read_bytes()
+    (dest / "s1.safetensors").write_bytes(good[:2])
+    with pytest.raises(m.ModelError, match=r"s1\.safetensors: 2 bytes on disk, manifest says"):
+        m.verify(dest, str(src))
+    m.fetch(str(src), dest)
+    assert (dest / "s1.safetensors").read_bytes() == good
+    assert m.verify(dest, str(src)) == m.scan(src)

@@ -16,8 +16,9 @@ no key on their command line. This launcher:
   its own, line by line, with the key replaced by ******** before a line reaches the journal: SGLang
   logs its whole ServerArgs, api_key included, at every start.
 
-The exit status is the child's (128 + N when a signal N ended it, as a shell reports it); SIGTERM and
-SIGINT sent to the launcher are passed on to the child. Once the child has exited, output still coming
+The exit status is the child's, and when a signal ended the child the launcher ends by the same signal
+(systemd counts a service killed by SIGTERM as stopped cleanly, an exit code of 143 as failed); SIGTERM
+and SIGINT sent to the launcher are passed on to the child. Once the child has exited, output still coming
 from processes it left behind is copied for a few seconds more; systemd then stops what remains of the
 unit's control group. Without a key the module runs in this process, unchanged.
 """
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     _, status = os.waitpid(pid, 0)
     copier.join(timeout=DRAIN_S)
     code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # ended by a signal: end the same way, so systemd sees a stop, not a failure
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
     return 128 - code if code < 0 else code
 
 

@@ -1,25 +1,31 @@
 #!/usr/bin/env python3
-"""Fetch a model directory for SGLang and verify it by file list and size (role sglang).
+"""Fetch a model directory at a pinned revision and verify it by file list and size (role model).
 
-    sglang_model.py fetch SOURCE DEST      # SOURCE: /local/path | s3://bucket/prefix | hf://org/name[@rev]
-    sglang_model.py verify DEST [--source S]  # exit 0 when DEST matches its manifest (and source S), else 1
-    sglang_model.py stage SRC DEST         # copy a verified local model to DEST (e.g. /dev/shm) unless DEST
-                                           # already holds it; refuses when DEST's filesystem lacks the space
+    model_fetch.py fetch SOURCE DEST         # SOURCE: /local/path | s3://bucket/prefix | hf://org/name@sha
+    model_fetch.py verify DEST [--source S]  # exit 0 when DEST matches its manifest (and source S), else 1
+    model_fetch.py stage SRC DEST            # copy a verified local model to DEST (e.g. /dev/shm) unless
+                                             # DEST already holds it; refuses when DEST lacks the space
 
-A fetch copies every file, then writes DEST/.sglang-model.json (source + {relative path: size}).
-`verify` checks that manifest against the disk (every file present with its size, nothing listed
-missing) and, when the model has a `model.safetensors.index.json`, that every shard it names is there
-and that the shards hold at least the index's `metadata.total_size` bytes. Standard library only, except
-boto3 (S3 sources) and huggingface_hub (hf:// sources), imported when used, and safepath.py (copied next
-to this file; trainer/safepath.py in the repository), which refuses every S3 key, repository file name
-or source file whose path would leave DEST: an absolute part, `..`, a symlink pointing out. Every name
-is checked before anything is written. S3 credentials come from the environment (AWS_*, and
-S3_ENDPOINT_URL for non-AWS endpoints); the HF token from HF_TOKEN.
+A fetch copies every file, then writes DEST/.model.json (source + {relative path: size}) last, so an
+interrupted fetch never verifies. Files whose size differs from the previous manifest are removed
+before the fetch, so a damaged copy is fetched again (huggingface_hub also re-checks files it finds
+against the Hub's ETag). `verify` checks the manifest against the disk (every file present with its
+size) and, when the model has a `model.safetensors.index.json`, that every shard it names is there and
+that the shards hold at least the index's `metadata.total_size` bytes.
+
+Standard library only, except boto3 (S3 sources) and huggingface_hub (hf:// sources), imported when
+used, and safepath.py (copied next to this file; trainer/safepath.py in the repository), which refuses
+every S3 key, repository file name or source file whose path would leave DEST: an absolute part, `..`,
+a symlink pointing out. Every name is checked before anything is written. S3 credentials come from the
+environment (AWS_*, and S3_ENDPOINT_URL for non-AWS endpoints); the HF token from HF_TOKEN, the Hub's
+address from HF_ENDPOINT. Errors name the model and the fix: a revision the repository lacks, a
+repository that does not exist or refuses the token, a bucket the credentials cannot read, no space.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
@@ -32,7 +38,7 @@ try:
 except ImportError:  # run from the repository, where it lives in the trainer package
     from trainer.safepath import UnsafePathError, inside
 
-MANIFEST = ".sglang-model.json"
+MANIFEST = ".model.json"
 INDEX = "model.safetensors.index.json"
 REQUIRED = ("config.json",)
 
@@ -120,12 +126,23 @@ def _copy_s3(url: str, dest: Path, workers: int = 16) -> None:
     bucket, _, prefix = url[len("s3://") :].partition("/")
     prefix = prefix.rstrip("/") + "/" if prefix else ""
     s3 = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
-    keys = [
-        o["Key"]
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for o in page.get("Contents", [])
-        if not o["Key"].endswith("/")
-    ]
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        keys = [
+            o["Key"]
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for o in page.get("Contents", [])
+            if not o["Key"].endswith("/")
+        ]
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "?")
+        raise ModelError(
+            f"{url}: S3 refused the listing ({code}): check the bucket name and that the keys given "
+            f"(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) may read it"
+        ) from None
+    except BotoCoreError as e:
+        raise ModelError(f"{url}: S3 is unreachable or the credentials are missing ({e})") from None
     if not keys:
         raise ModelError(f"{url}: no objects under this prefix")
     targets = {}
@@ -151,20 +168,61 @@ def _copy_hf(url: str, dest: Path) -> None:
         from huggingface_hub import HfApi, snapshot_download
     except ImportError as e:
         raise ModelError(f"{url}: an hf:// model source needs huggingface_hub (in the SGLang venv)") from e
+    from huggingface_hub import errors as hf_errors
+
     repo, _, rev = url[len("hf://") :].partition("@")
     token = os.environ.get("HF_TOKEN") or None
-    # Only recent huggingface_hub releases check the repository's file names (older ones let `..`
-    # through on Linux): checked here before anything is downloaded.
-    for name in HfApi(token=token).list_repo_files(repo, revision=rev or None):
+    hub = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    try:
+        # Only recent huggingface_hub releases check the repository's file names (older ones let `..`
+        # through on Linux): checked here before anything is downloaded.
+        for name in HfApi(token=token).list_repo_files(repo, revision=rev or None):
+            try:
+                inside(dest, name)
+            except UnsafePathError as e:
+                raise ModelError(f"{url}: unsafe file name in the repository ({e})") from None
+        snapshot_download(repo_id=repo, revision=rev or None, local_dir=str(dest), token=token)
+    except hf_errors.RevisionNotFoundError:
+        raise ModelError(
+            f"{url}: {repo} on {hub} has no revision {rev!r}; set the model's revision to a commit "
+            f"sha of the repository (Files and versions, History)"
+        ) from None
+    except hf_errors.GatedRepoError:
+        raise ModelError(
+            f"{url}: {repo} on {hub} is gated: accept its terms with the account whose token "
+            f"is given (HF_TOKEN{'' if token else ', not set'})"
+        ) from None
+    except hf_errors.RepositoryNotFoundError:
+        raise ModelError(
+            f"{url}: {repo} does not exist on {hub}, or the token given cannot read it "
+            f"(HF_TOKEN{'' if token else ' is not set'})"
+        ) from None
+    except hf_errors.HfHubHTTPError as e:
+        raise ModelError(f"{url}: {hub} answered {e}".splitlines()[0]) from None
+
+
+def _drop_damaged(dest: Path) -> list[str]:
+    """Remove the files whose size differs from the previous manifest; return their names."""
+    try:
+        listed = json.loads((dest / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    dropped = []
+    for rel, size in listed.items():
         try:
-            inside(dest, name)
-        except UnsafePathError as e:
-            raise ModelError(f"{url}: unsafe file name in the repository ({e})") from None
-    snapshot_download(repo_id=repo, revision=rev or None, local_dir=str(dest), token=token)
+            path = inside(dest, rel)
+        except UnsafePathError:
+            continue
+        if path.is_file() and path.stat().st_size != size:
+            path.unlink()
+            dropped.append(rel)
+    return dropped
 
 
 def fetch(source: str, dest: Path) -> dict[str, int]:
     dest.mkdir(parents=True, exist_ok=True)
+    for rel in _drop_damaged(dest):
+        print(f"model: {dest / rel}: size differs from the last fetch, fetching it again", file=sys.stderr)
     (dest / MANIFEST).unlink(missing_ok=True)
     if source.startswith("s3://"):
         _copy_s3(source, dest)
@@ -227,6 +285,17 @@ def main(argv: list[str] | None = None) -> int:
             files = verify(args.dest, args.source)
     except ModelError as e:
         print(f"model: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        where = args.dest
+        free = shutil.disk_usage(where if where.exists() else where.parent).free / 2**30
+        print(
+            f"model: {where}: no space left on the device ({free:.2f} GiB free); make room or point the "
+            f"model's directory at a larger filesystem",
+            file=sys.stderr,
+        )
         return 1
     print(json.dumps({"files": len(files), "bytes": sum(files.values())}))
     return 0
