@@ -52,7 +52,7 @@ def test_the_example_as_shipped_stops_in_the_first_play_naming_the_placeholders(
     assert "nvidia_open_run_sha256: REPLACE" in out, out[-3000:]
     assert "nvidia_open_source_sha256: REPLACE" in out, out[-3000:]
     assert "gpu_userspace_cuda_keyring_checksum" in out and "pve_ct_ssh_public_keys[0]" in out, out[-3000:]
-    assert "sglang_model_revision: REPLACE" in out, out[-3000:]
+    assert "target_model_revision: REPLACE" in out, out[-3000:]
     # The run stopped there: no later play started and no host was contacted.
     assert "PLAY [Preflight every node" not in out and "UNREACHABLE" not in out, out[-3000:]
     assert "PLAY [Check every inventory value before any host is touched]" in out

@@ -192,6 +192,8 @@ def _local_run(tmp_path: Path, model_dir: Path, *args: str) -> subprocess.Comple
         "trainer_run_venv=/nonexistent/venv",
         "-e",
         "action=deploy",
+        "-e",
+        "trainer_run_model_source=",  # the test puts the model there itself
         *args,
     )
 

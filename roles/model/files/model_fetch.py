@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def verify(root: Path, source: str | None = None) -> dict[str, int]:
     return listed
 
 
-def _copy_local(src: Path, dest: Path) -> None:
+def _copy_local(src: Path, dest: Path, ready: Callable[[], None]) -> None:
     if not src.is_dir():
         raise ModelError(f"{src}: model source is not a directory")
     targets = {}
@@ -110,6 +111,7 @@ def _copy_local(src: Path, dest: Path) -> None:
             targets[rel] = inside(dest, rel)
         except UnsafePathError as e:
             raise ModelError(f"{src / rel}: cannot be copied ({e})") from None
+    ready()
     for rel, target in targets.items():
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(target.name + ".part")
@@ -118,7 +120,7 @@ def _copy_local(src: Path, dest: Path) -> None:
         os.replace(part, target)
 
 
-def _copy_s3(url: str, dest: Path, workers: int = 16) -> None:
+def _copy_s3(url: str, dest: Path, ready: Callable[[], None], workers: int = 16) -> None:
     try:
         import boto3
     except ImportError as e:
@@ -159,11 +161,12 @@ def _copy_s3(url: str, dest: Path, workers: int = 16) -> None:
         s3.download_file(bucket, key, str(part))
         os.replace(part, target)
 
+    ready()
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(one, keys))
 
 
-def _copy_hf(url: str, dest: Path) -> None:
+def _copy_hf(url: str, dest: Path, ready: Callable[[], None]) -> None:
     try:
         from huggingface_hub import HfApi, snapshot_download
     except ImportError as e:
@@ -181,6 +184,7 @@ def _copy_hf(url: str, dest: Path) -> None:
                 inside(dest, name)
             except UnsafePathError as e:
                 raise ModelError(f"{url}: unsafe file name in the repository ({e})") from None
+        ready()
         snapshot_download(repo_id=repo, revision=rev or None, local_dir=str(dest), token=token)
     except hf_errors.RevisionNotFoundError:
         raise ModelError(
@@ -220,20 +224,28 @@ def _drop_damaged(dest: Path) -> list[str]:
 
 
 def fetch(source: str, dest: Path) -> dict[str, int]:
+    """Fetch source into dest. The source is listed and every name checked first; only then are damaged
+    files and the old manifest removed, so a source that fails there (a revision the repository lacks, a
+    refused token, an unsafe name) leaves a good copy as it was, still verifying."""
     dest.mkdir(parents=True, exist_ok=True)
-    for rel in _drop_damaged(dest):
-        print(f"model: {dest / rel}: size differs from the last fetch, fetching it again", file=sys.stderr)
-    (dest / MANIFEST).unlink(missing_ok=True)
+
+    def ready() -> None:
+        for rel in _drop_damaged(dest):
+            print(
+                f"model: {dest / rel}: size differs from the last fetch, fetching it again", file=sys.stderr
+            )
+        (dest / MANIFEST).unlink(missing_ok=True)
+
     if source.startswith("s3://"):
-        _copy_s3(source, dest)
+        _copy_s3(source, dest, ready)
     elif source.startswith("hf://"):
-        _copy_hf(source, dest)
+        _copy_hf(source, dest, ready)
     elif source.startswith(("http://", "https://")):
         raise ModelError(
             f"{source}: unsupported model source (use a path, s3://bucket/prefix or hf://org/name)"
         )
     else:
-        _copy_local(Path(source), dest)
+        _copy_local(Path(source), dest, ready)
     files = scan(dest)
     check_shards(dest, files)
     tmp = dest / (MANIFEST + ".part")
