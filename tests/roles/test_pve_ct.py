@@ -6,7 +6,10 @@ every request the role sent is checked against the real API schema when it is pr
 
 from __future__ import annotations
 
+import grp
 import json
+import os
+import pwd
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,7 +275,9 @@ def test_create_true_makes_the_source_inside_an_existing_parent(
 ) -> None:
     src = tmp_path / "volume" / "workspace"
     (tmp_path / "volume").mkdir()
-    mount = {"host_path": str(src), "mount_point": "/workspace", "create": True, "mode": "0750"}
+    # owned by whoever runs the test (root on a real host), so that it runs without root too
+    me = {"owner": pwd.getpwuid(os.getuid()).pw_name, "group": grp.getgrgid(os.getgid()).gr_name}
+    mount = {"host_path": str(src), "mount_point": "/workspace", "create": True, "mode": "0750", **me}
     extra = dict(pve_ct_vmid=232, pve_ct_hostname="ct232", pve_ct_bind_mounts=[mount])
     first = run_role(tmp_path / "one", base_vars(pve, gpu_dev, **extra))
     assert first.rc == 0, first.failures
@@ -282,7 +287,7 @@ def test_create_true_makes_the_source_inside_an_existing_parent(
     assert again.rc == 0 and again.changed == 0, again.changed_tasks
     # A source whose parent is missing (an unmounted volume) is never made.
     orphan = {"host_path": str(tmp_path / "unmounted" / "workspace"), "mount_point": "/workspace",
-              "create": True}
+              "create": True, **me}
     res = run_role(tmp_path / "three", base_vars(pve, gpu_dev, pve_ct_vmid=233, pve_ct_hostname="ct233",
                                                  pve_ct_bind_mounts=[orphan]))
     assert res.rc != 0
