@@ -194,6 +194,8 @@ def _local_run(tmp_path: Path, model_dir: Path, *args: str) -> subprocess.Comple
         "action=deploy",
         "-e",
         "trainer_run_model_source=",  # the test puts the model there itself
+        "-e",
+        "ansible_become=false",  # read-only steps on this machine, as whoever runs the test
         *args,
     )
 
