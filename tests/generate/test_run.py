@@ -32,12 +32,15 @@ def run_stage(cfg_path: Path) -> tuple[int, dict[str, Any]]:
 
 def done_count(out: Path) -> int:
     """Completions on disk: sealed sidecars + lines of the open shards. The running stage seals (moves) an
-    open shard at any moment: a file gone between the listing and the read means count again."""
+    open shard at any moment: a file gone between the listing and the read means count again, and an open
+    shard whose sidecar is already written (sealing, between the two steps) counts once, as sealed."""
     while True:
         try:
-            sealed = (out / "_state" / "manifest").glob("*.json")
-            n = sum(json.loads(p.read_text())["records"] for p in sealed)
-            return n + sum(p.read_bytes().count(b"\n") for p in (out / "_state" / "open").glob("*.jsonl"))
+            sealed = {p.stem: p for p in (out / "_state" / "manifest").glob("*.json")}
+            n = sum(json.loads(p.read_text())["records"] for p in sealed.values())
+            still_open = [p for p in (out / "_state" / "open").glob("*.jsonl")
+                          if p.name.split(".")[0] not in sealed]
+            return n + sum(p.read_bytes().count(b"\n") for p in still_open)
         except FileNotFoundError:
             continue
 
