@@ -51,3 +51,13 @@ def test_example_b200_node_needs_the_api_key_and_a_pinned_revision() -> None:
     # With both, the role goes on to ask the node's driver (unreachable here: 10.0.1.20 is the example's).
     out = _sglang_play("-e", "vault_sglang_api_key=k", "-e", "sglang_model_revision=" + "0" * 40)
     assert "Ask the driver for its GPUs" in out, out[-2000:]
+
+
+def test_the_install_requires_a_lock_that_pins_the_role_versions() -> None:
+    """SGLang comes only from a lock with hashes: no lock, or one of other versions, stops the play."""
+    ok = ("-e", "vault_sglang_api_key=k", "-e", "sglang_model_revision=" + "0" * 40)
+    out = _sglang_play(*ok, "-e", "sglang_requirements_lock=")
+    assert "sglang: sglang_requirements_lock='' is not a file on the controller" in out, out[-2000:]
+    out = _sglang_play(*ok, "-e", "sglang_version=0.0.1")
+    assert "does not pin sglang==0.0.1 (sglang_version)" in out, out[-2000:]
+    assert "UNREACHABLE" not in out

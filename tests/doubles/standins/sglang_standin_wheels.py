@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the stand-in `sglang` and `sglang-router` wheels that molecule/sglang and the lab install with uv.
 
-    sglang_standin_wheels.py OUTDIR --sglang-version V --router-version V [--double PATH]
+    sglang_standin_wheels.py OUTDIR --sglang-version V --router-version V [--double PATH] [--lock FILE]
 
 Role sglang installs `sglang==V sglang-router==V` into its uv venv and runs `VENV/bin/python -m
 sglang.launch_server` and `-m sglang_router.launch_router`. The real SGLang is an 11 GB install that
@@ -10,6 +10,10 @@ and versioned like the real distributions: the role's install, its version check
 lines are the production ones. The wheels hold launch_server.py (next to this file; execs the SGLang double,
 packed as sglang/_double.py) and launch_router.py. Standard library only (a wheel is a zip with
 a .dist-info; PEP 427, PEP 376 RECORD).
+
+The role installs only from a lock with hashes (`uv pip install --require-hashes`): --lock FILE writes the
+stand-ins' lock, both pins with the sha256 of the wheels just built, in the form `uv pip compile
+--generate-hashes` writes, for the tests' and the lab's sglang_requirements_lock.
 """
 
 from __future__ import annotations
@@ -56,12 +60,28 @@ def build(out: Path, dist: str, version: str, files: dict[str, bytes]) -> Path:
     return path
 
 
+def write_lock(path: Path, wheels: dict[str, tuple[str, Path]]) -> None:
+    """Write the requirements file with hashes of wheels ({dist: (version, wheel)}), if it differs."""
+    lines = [
+        "# STAND-IN lock (tests and lab of role sglang), written by sglang_standin_wheels.py --lock:",
+        "# the stand-in wheels' sha256, installed with uv pip install --require-hashes as the real lock is.",
+    ]
+    for dist, (version, wheel) in wheels.items():
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        lines += [f"{dist}=={version} \\", f"    --hash=sha256:{digest}"]
+    text = "\n".join(lines) + "\n"
+    if not (path.exists() and path.read_text() == text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument("--sglang-version", required=True)
     p.add_argument("--router-version", required=True)
     p.add_argument("--double", type=Path, default=DOUBLE)
+    p.add_argument("--lock", type=Path, help="also write the wheels' requirements file with hashes here")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     standin = HERE
@@ -89,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for w in built:
         print(w)
+    if a.lock:
+        write_lock(a.lock, {"sglang": (a.sglang_version, built[0]),
+                            "sglang-router": (a.router_version, built[1])})
+        print(a.lock)
     return 0
 
 
