@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -45,19 +46,26 @@ if args[0] == "exec":
         sys.exit(126)
     if args[2:4] == ["systemctl", "is-system-running"]:
         print("running")
+    if args[2] == "stat":  # the Proxmox host's node: a character device 195:N, as `stat -c '%f %t %T'`
+        print(f"21b6 c3 {int(args[-1].rsplit('nvidia', 1)[1]):x}")
     sys.exit(0)
 if args[:2] == ["rm", "-f"]:
     cts.pop(args[2], None); save(); sys.exit(0)
 if args[0] == "start":
     save(); sys.exit(0)  # "Up" already: podman does nothing, the dead processes stay dead
-if args[:2] == ["run", "-d"]:
+if args[0] == "init":
+    save(); sys.exit(0)
+if args[0] == "create":
     name = args[args.index("--name") + 1]
     if name in cts:
         print(f"Error: the container name \"{name}\" is already in use", file=sys.stderr)
         save(); sys.exit(125)
     cts[name] = {"alive": True, "argv": args}; save(); sys.exit(0)
 if args[0] == "inspect":
-    save(); print(json.dumps([{"Source": "/srv/x", "Destination": "/srv/lab"}])); sys.exit(0)
+    save()
+    if "{{.State.CgroupPath}}" in args:
+        print("/libpod_parent/libpod-fake"); sys.exit(0)
+    print(json.dumps([{"Source": "/srv/x", "Destination": "/srv/lab"}])); sys.exit(0)
 print("fake podman: unexpected " + " ".join(args), file=sys.stderr); sys.exit(2)
 """
 
@@ -91,10 +99,12 @@ def lab_config(tmp_path: Path) -> Path:
     return cfg
 
 
-def _hook(cfg: Path, event: str, vmid: str = "200") -> subprocess.CompletedProcess[str]:
+def _hook(
+    cfg: Path, event: str, vmid: str = "200", ct: dict | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(LAB), "hook", "--config", str(cfg), event, vmid],
-        input=json.dumps({"hostname": "ct200"}),
+        input=json.dumps(ct or {"hostname": "ct200"}),
         capture_output=True,
         text=True,
         timeout=60,
@@ -128,7 +138,7 @@ def test_start_replaces_a_dead_container_instead_of_waiting_on_it(podman, lab_co
     db = read()
     assert db["containers"]["lab-ct200"]["alive"]
     assert ["rm", "-f", "lab-ct200"] in db["calls"]
-    assert any(c[:2] == ["run", "-d"] for c in db["calls"])
+    assert any(c[0] == "create" for c in db["calls"]) and ["start", "lab-ct200"] in db["calls"]
 
 
 def test_start_of_a_live_container_only_starts_it(podman, lab_config: Path) -> None:
@@ -186,3 +196,79 @@ def test_another_checkouts_double_on_the_port_is_found(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes (mknod) needs root, as on a Proxmox host")
+def test_unprivileged_ct_gets_its_id_map_and_gpu_nodes_as_proxmox_makes_them(
+    podman, lab_config: Path
+) -> None:
+    """An unprivileged CT with devN entries, as role pve_ct writes them: the container runs with Proxmox's
+    default id map (0-65535 -> 100000-165535), without MKNOD, and each devN becomes a node of the host node's
+    type and numbers, mode 0660, owned by the container's root and group 44 (video) mapped to host ids
+    100000 and 100044, bind-mounted at its /dev path. Its control group is given to the container's root
+    between `podman init` and `podman start`."""
+    set_containers, read = podman
+    set_containers({"lab-pve": {"alive": True, "argv": []}})  # the Proxmox host, whose /dev holds the GPUs
+    ct = {"hostname": "ct200", "unprivileged": 1, "dev0": "/dev/nvidia0,gid=44,mode=0660",
+          "dev1": "/dev/nvidia3,gid=44,mode=0660"}
+    proc = _hook(lab_config, "vzstart", ct=ct)
+    assert proc.returncode == 0, proc.stderr
+    db = read()
+    argv = db["containers"]["lab-ct200"]["argv"]
+    assert argv[0] == "create" and "--cap-add" not in argv
+    assert argv[argv.index("--uidmap") + 1] == "0:100000:65536"
+    assert argv[argv.index("--gidmap") + 1] == "0:100000:65536"
+    made = lab_config.parent / "passthrough" / "200" / "dev"
+    for n in (0, 3):
+        st = (made / f"nvidia{n}").stat()
+        assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (195, n)
+        assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)) == (100000, 100044, "0o660")
+        assert f"{made}/nvidia{n}:/dev/nvidia{n}" in argv
+    order = [c[0] for c in db["calls"] if c[0] in ("create", "init", "start")]
+    assert order == ["create", "init", "start"]
+
+
+def test_id_map_and_passthrough_node_follow_pve_container() -> None:
+    """The double's id map (parse_id_maps) and node rules (create_passthrough_device_node), on /dev/null's
+    real stat: defaults, a custom lxc.idmap, an unmapped id, a path that is not a device."""
+    sys.path.insert(0, str(ROOT / "tests" / "doubles"))
+    from pve_api import ApiError, id_map, passthrough_node
+
+    assert id_map({"unprivileged": 0}) == []
+    assert id_map({"unprivileged": 1}) == [("u", 0, 100000, 65536), ("g", 0, 100000, 65536)]
+    custom = {"unprivileged": 1, "lxc": [["lxc.idmap", "u 0 200000 1000"], ["lxc.idmap", "g 0 300000 1000"]]}
+    assert id_map(custom) == [("u", 0, 200000, 1000), ("g", 0, 300000, 1000)]
+    null = os.stat("/dev/null")
+    unpriv = id_map({"unprivileged": 1})
+    node = passthrough_node("/dev/null,gid=44,mode=0660", null.st_mode, null.st_rdev, unpriv)
+    assert node == {"path": "/dev/null", "type": "c", "major": 1, "minor": 3, "mode": 0o660, "uid": 100000,
+                    "gid": 100044, "deny_write": False}
+    # defaults: mode 0660, uid and gid 0 (the container's root); privileged: no mapping; an id past the map
+    assert passthrough_node("/dev/null", null.st_mode, null.st_rdev, [])["mode"] == 0o660
+    assert passthrough_node("/dev/null,uid=70000", null.st_mode, null.st_rdev, id_map(custom))["uid"] == 70000
+    with pytest.raises(ApiError, match="is not a device"):
+        passthrough_node("/dev/shm", os.stat("/dev/shm").st_mode, 0, [])
+    with pytest.raises(ApiError, match="failed to parse idmap"):
+        id_map({"lxc": [["lxc.idmap", "u 0 x"]]})
+
+
+def test_double_refuses_dev_entries_proxmox_refuses() -> None:
+    """pve-container's dev format: a path outside /dev/ or with `..`, a mode not 0NNN, a negative gid."""
+    sys.path.insert(0, str(ROOT / "tests" / "doubles"))
+    from pve_api_schema import ApiError, check_params
+
+    def put(**params: str) -> None:
+        where = {"node": "pve1", "vmid": "200"}
+        check_params("PUT", "/nodes/pve1/lxc/200/config", "lxc_config_put", where, params)
+
+    put(dev0="/dev/nvidia0,gid=44,mode=0660", dev1="/dev/nvidia-caps/nvidia-cap1,uid=0,deny-write=1")
+    for bad, why in [
+        ("/srv/lab/dev/nvidia0,mode=0660", "is not a valid device path"),
+        ("/dev/../etc/shadow", "is not a valid device path"),
+        ("/dev/nvidia0,mode=660", "mode: value does not match the regex pattern"),
+        ("/dev/nvidia0,gid=-1", "gid: type check ('integer') failed"),
+        ("/dev/nvidia0,colour=red", "colour: property is not defined"),
+    ]:
+        with pytest.raises(ApiError) as err:
+            put(dev0=bad)
+        assert why in json.dumps(err.value.errors), (bad, err.value.errors)

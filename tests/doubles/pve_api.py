@@ -43,6 +43,7 @@ import json
 import os
 import re
 import ssl
+import stat
 import subprocess
 import threading
 import time
@@ -312,6 +313,65 @@ def _split_prop(value: str, default_key: str | None) -> dict[str, str]:
         elif default_key:
             out[default_key] = part
     return out
+
+
+# An unprivileged container's ids: pve-container writes `lxc.idmap = u 0 100000 65536` and the same for
+# groups unless the config has its own lxc.idmap lines (src/PVE/LXC.pm update_lxc_config, commit 94f5585,
+# lines 799-802; parse_id_maps, 2900-2930). A privileged container maps nothing: its root is the host's.
+DEFAULT_ID_MAP = (("u", 0, 100000, 65536), ("g", 0, 100000, 65536))
+
+
+def id_map(cfg: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+    """The container's id map, as parse_id_maps reads it: the config's raw `lxc.idmap` entries (`lxc`, a
+    list of [key, value] pairs as pve-container parses them: `u|g CT HOST COUNT`), else the default for an
+    unprivileged container, else none."""
+    out = []
+    for key, value in cfg.get("lxc", []):
+        if key != "lxc.idmap":
+            continue
+        m = re.fullmatch(r"([ug])\s+(\d+)\s+(\d+)\s+(\d+)\s*", value.strip())
+        if not m:
+            raise ApiError(500, f"failed to parse idmap: {value.strip()}")
+        out.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))))
+    if not out and int(cfg.get("unprivileged", 0)):
+        out = list(DEFAULT_ID_MAP)
+    return out
+
+
+def map_ct_id_to_host(ident: int, idmap: list[tuple[str, int, int, int]], kind: str) -> int:
+    """src/PVE/LXC.pm map_ct_id_to_host (lines 2967-2983): the host id of a container id; an id no
+    range maps is returned as it is."""
+    for typ, ct, host, length in idmap:
+        if typ == kind and ct <= ident < ct + length:
+            return host - ct + ident
+    return ident
+
+
+IdMap = list[tuple[str, int, int, int]]
+
+
+def passthrough_node(spec: str, st_mode: int, st_rdev: int, idmap: IdMap) -> dict[str, Any]:
+    """The device node Proxmox makes for a `devN` entry at container start, from the host node's stat:
+    the prestart hook stats the host path (src/lxc-pve-prestart-hook 161-179; a path that is not a block
+    or character device is refused, src/PVE/LXC/Tools.pm get_device_mode_and_rdev 153-164), and
+    create_passthrough_device_node (src/PVE/LXC.pm 1897-1921) makes a node of the same type and numbers,
+    sets `mode` (default 0660) and chowns it to `uid`/`gid` (default 0) mapped to host ids through the
+    container's id map. The autodev hook then bind-mounts it at the same path in the container, where
+    an unprivileged container sees those ids as its own."""
+    opts = _split_prop(spec, "path")
+    path = opts["path"]
+    if not (stat.S_ISCHR(st_mode) or stat.S_ISBLK(st_mode)):
+        raise ApiError(500, f"{path} is not a device")
+    return {
+        "path": path,
+        "type": "c" if stat.S_ISCHR(st_mode) else "b",
+        "major": os.major(st_rdev),
+        "minor": os.minor(st_rdev),
+        "mode": int(opts.get("mode", "0660"), 8),
+        "uid": map_ct_id_to_host(int(opts.get("uid", 0)), idmap, "u"),
+        "gid": map_ct_id_to_host(int(opts.get("gid", 0)), idmap, "g"),
+        "deny_write": opts.get("deny-write", "0") in ("1", "true", "yes", "on"),
+    }
 
 
 class Api:
@@ -692,10 +752,24 @@ class Api:
             st["volumes"] = [x for x in st["volumes"] if x.get("vmid") != int(v["vmid"])]
         return self.state.task("vzdestroy", v["vmid"], user)
 
+    def raw_lines(self, vmid: str) -> list[str]:
+        """The raw `lxc.*` lines of the CT's config file (with --pve-dir, where raw mode writes them)."""
+        pve_dir = self.state.pve_dir
+        conf = pve_dir / "lxc" / f"{vmid}.conf" if pve_dir is not None else None
+        if conf is None or not conf.exists():
+            return []
+        lines = conf.read_text().splitlines()
+        cut = next((i for i, line in enumerate(lines) if line.startswith("[")), len(lines))
+        return [line for line in lines[:cut] if line.startswith("lxc.")]
+
     def run_hook(self, event: str, vmid: str, cfg: dict[str, Any]) -> str:
         """Run --hook for a task; its exit status, as the task will report it."""
         if not self.hook:
             return "OK"
+        raw = self.raw_lines(vmid)
+        if raw:  # pve-container keeps a config's raw lxc.* lines as [key, value] pairs under `lxc`
+            pairs = (line.partition(":") for line in raw)
+            cfg = {**cfg, "lxc": [[k.strip(), x.strip()] for k, _, x in pairs]}
         proc = subprocess.run(
             [*self.hook.split(), event, str(vmid)],
             input=json.dumps(cfg),

@@ -25,10 +25,13 @@ are not re-applied (podman cannot add mounts to a container).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -36,6 +39,12 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+
+try:  # imported as tests.doubles.pve_api_lab, or run (or loaded) from its folder
+    from .pve_api import id_map, passthrough_node
+except ImportError:
+    sys.path.insert(0, str(HERE))
+    from pve_api import id_map, passthrough_node  # type: ignore[no-redef]
 
 
 def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -80,11 +89,48 @@ def _ip(name: str, network: str) -> str:
     return json.loads(_podman("inspect", name, "--format", fmt).stdout)[network]["IPAddress"]
 
 
-def run_ct(spec: dict[str, Any], cfg: dict[str, Any]) -> None:
-    """podman run the container for a CT config: hostname, bind mounts (mpN), the lab's extra volumes."""
-    args = ["run", "-d", "--name", spec["name"], "--hostname", str(cfg.get("hostname", spec["name"]))]
+def _host_stat(host: str, path: str) -> tuple[int, int]:
+    """(st_mode, st_rdev) of `path` in container `host` (the Proxmox host's /dev), as the prestart hook
+    stats it; Proxmox's message when it cannot."""
+    proc = _podman("exec", host, "stat", "-L", "-c", "%f %t %T", path, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"Could not get mode or device ID of {path}")
+    mode, major, minor = proc.stdout.split()
+    return int(mode, 16), os.makedev(int(major, 16), int(minor, 16))
+
+
+def passthrough_devices(spec: dict[str, Any], cfg: dict[str, Any], directory: Path) -> list[str]:
+    """Make the nodes Proxmox makes for the config's devN entries (pve_api.passthrough_node: same type and
+    numbers as the host's node, the entry's mode, uid and gid mapped to host ids) in `directory`, as
+    pve-container does in /var/lib/lxc/VMID/passthrough, and return the podman volumes that bind-mount
+    each at its path in the container, as its autodev hook does."""
+    idmap = id_map(cfg)
+    volumes = []
+    for key in sorted((k for k in cfg if re.fullmatch(r"dev\d+", k)), key=lambda k: int(k[3:])):
+        node = passthrough_node(str(cfg[key]), *_host_stat(spec["host"], str(cfg[key]).split(",")[0]), idmap)
+        made = directory / node["path"].lstrip("/")
+        made.parent.mkdir(parents=True, exist_ok=True)
+        made.unlink(missing_ok=True)
+        kind = stat.S_IFCHR if node["type"] == "c" else stat.S_IFBLK
+        os.mknod(made, kind | node["mode"], os.makedev(node["major"], node["minor"]))
+        os.chown(made, node["uid"], node["gid"])
+        os.chmod(made, node["mode"])  # as Proxmox does: mknod's mode is cut by the umask
+        volumes += ["-v", f"{made}:{node['path']}"]
+    return volumes
+
+
+def run_ct(spec: dict[str, Any], cfg: dict[str, Any], passthrough: Path) -> None:
+    """Create and start the podman container for a CT config: hostname, the id map of an unprivileged CT,
+    GPU nodes (devN), bind mounts (mpN), the lab's extra volumes."""
+    args = ["create", "--name", spec["name"], "--hostname", str(cfg.get("hostname", spec["name"]))]
     args += ["--network", spec["network"], "--systemd", "always", "--runtime", "runc"]
-    args += ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096", "--cap-add", "MKNOD"]
+    args += ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
+    idmap = id_map(cfg)
+    for typ, ct, host, length in idmap:  # the container's ids are these host ids, as under LXC
+        args += [f"--{'uid' if typ == 'u' else 'gid'}map", f"{ct}:{host}:{length}"]
+    if not idmap:
+        args += ["--cap-add", "MKNOD"]  # a privileged CT's root may make device nodes
+    args += passthrough_devices(spec, cfg, passthrough)
     for key in sorted(k for k in cfg if k.startswith("mp")):
         parts = str(cfg[key]).split(",")
         opts = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
@@ -97,6 +143,29 @@ def run_ct(spec: dict[str, Any], cfg: dict[str, Any]) -> None:
         if _exists(other):
             args += ["--add-host", f"{other}:{_ip(other, spec['network'])}"]
     _podman(*args, spec["image"], "/lib/systemd/systemd")
+    start_ct(spec["name"], idmap)
+
+
+def start_ct(name: str, idmap: list[tuple[str, int, int, int]]) -> None:
+    """Start the container. For an unprivileged CT, its control group is first given to its root, as LXC
+    does for a container whose root is mapped (lxc src/lxc/cgroups/cgfsng.c, cgfsng_chown: the container's
+    cgroup directories are chowned to the container's root), so that its systemd can manage its own
+    units: `podman init` makes the cgroup, then it is chowned, then the init process starts."""
+    if not idmap:
+        _podman("start", name)
+        return
+    _podman("init", name)
+    cgroup = _podman("inspect", name, "--format", "{{.State.CgroupPath}}").stdout.strip()
+    root_uid = next((host for typ, ct, host, _n in idmap if typ == "u" and ct == 0), 0)
+    root_gid = next((host for typ, ct, host, _n in idmap if typ == "g" and ct == 0), 0)
+    for base in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        top = Path(base + cgroup) if cgroup.startswith("/") else None
+        if top is None or not top.is_dir():
+            continue
+        for path in [top, *top.rglob("*")]:
+            with contextlib.suppress(OSError):  # read-only control files stay as they are
+                os.chown(path, root_uid, root_gid)
+    _podman("start", name)
 
 
 def setup(spec: dict[str, Any], timeout: float = 120.0) -> None:
@@ -129,9 +198,9 @@ def hook(config: Path, event: str, vmid: str) -> int:
         elif event == "vzstart":
             prune([name])
             if _exists(name):
-                _podman("start", name)
+                start_ct(name, id_map(cfg))
             else:
-                run_ct(spec, cfg)
+                run_ct(spec, cfg, config.resolve().parent / "passthrough" / str(vmid))
             setup(spec)
         elif event in ("vzstop", "vzshutdown") and _exists(name):
             _podman("stop", "-t", "10", name)

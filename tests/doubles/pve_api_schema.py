@@ -97,7 +97,16 @@ _CT_PROPS = {
             "host-managed",
         },
     ),
-    "dev": ("prop", "path", {"path", "deny-write", "gid", "mode", "uid"}),
+    # pve-container src/PVE/LXC/Config.pm $dev_desc (commit 94f5585, lines 1080-1114): the path must be under
+    # /dev/ with no `.` or `..` segment (verify_lxc_dev_string, 1063-1078), mode is `0[0-7]{3}`, uid and gid
+    # are integers >= 0.
+    "dev": (
+        "prop",
+        "path",
+        {"path", "deny-write", "gid", "mode", "uid"},
+        {"path": "dev-path", "mode": ("re", r"0[0-7]{3}"), "uid": "uint", "gid": "uint",
+         "deny-write": "bool"},
+    ),
     "features": ("prop", None, {"force_rw_sys", "fuse", "keyctl", "mknod", "mount", "nesting"}),
 }
 _CT_COMMON: dict[str, Any] = {
@@ -266,16 +275,36 @@ def _check_value(kind: Any, value: str) -> str | None:
         )
     if kind[0] == "re":
         return None if re.fullmatch(kind[1], value) else "value does not match the regex pattern"
-    _, default_key, keys = kind
+    _, default_key, keys, *sub = kind
     for i, part in enumerate(value.split(",")):
         if "=" not in part:
             if i == 0 and default_key:
-                continue
-            return f"invalid format - missing key in '{part}'"
-        k = part.split("=", 1)[0]
+                k, v = default_key, part
+            else:
+                return f"invalid format - missing key in '{part}'"
+        else:
+            k, v = part.split("=", 1)
         if k not in keys:
             return f"invalid format - format error\n{k}: {NOT_IN_SCHEMA}"
+        err = _check_sub(sub[0].get(k) if sub else None, v)
+        if err:
+            return f"invalid format - format error\n{k}: {err}"
     return None
+
+
+def _check_sub(kind: Any, value: str) -> str | None:
+    """A property string's value (pve-common PVE/JSONSchema.pm parse_property_string checks each)."""
+    if kind is None:
+        return None
+    if kind == "dev-path":  # verify_lxc_dev_string
+        if re.search(r"/\.\.?(?:/|$)", value) or not value.startswith("/dev/"):
+            return f"invalid format - {value} is not a valid device path"
+        return None
+    if kind == "uint":
+        return None if re.fullmatch(r"\d+", value) else f"type check ('integer') failed - got '{value}'"
+    if kind == "bool":
+        return _check_value(BOOL, value)
+    return _check_value(kind, value)
 
 
 def check_params(

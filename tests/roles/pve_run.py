@@ -45,9 +45,11 @@ def fake_gpu_dev(directory: Path, gpus: int = 8) -> Path:
 
 def bind_source(directory: Path) -> Path:
     """A real directory standing for the host's /tank/workspace: the role runs on this machine as the
-    Proxmox host, and Proxmox (and the double, started with --bind-root /) refuses a missing source."""
+    Proxmox host, and Proxmox (and the double, started with --bind-root /) refuses a missing source. It is
+    given to the unprivileged container's root (host uid 100000), as a site does for a writable bind mount."""
     src = directory / "tank-workspace"
     src.mkdir(parents=True, exist_ok=True)
+    os.chown(src, 100000, 100000)
     return src
 
 

@@ -95,11 +95,12 @@ def test_first_run_creates_ct200_with_all_gpus(ct200: dict[str, Any], gpu_dev: P
     assert cfg["mp0"] == f"{bind_source(gpu_dev.parent)},mp=/workspace"
     assert ct["ssh_keys"].strip() == KEY
     assert cfg["tags"] == "dflash"  # the mark that lets later runs converge it
-    devs = sorted((v.split(",")[0] for k, v in cfg.items() if k.startswith("dev")), key=str)
-    want = [f"{gpu_dev}/nvidia{i}" for i in range(8)] + [
-        f"{gpu_dev}/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-    ]
-    assert devs == sorted(want, key=str)
+    assert cfg["unprivileged"] == 1  # the default: root in CT 200 is host uid 100000
+    devs = sorted((v for k, v in cfg.items() if k.startswith("dev")), key=str)
+    # the host's nodes by their /dev path (the only paths Proxmox accepts), group video (44), mode 0660
+    want = [f"/dev/nvidia{i}" for i in range(8)]
+    want += [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    assert devs == sorted((f"{w},gid=44,mode=0660" for w in want), key=str)
     volids = [v["volid"] for v in ct200["state"]["storage"]["local"]["volumes"]]
     assert "local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst" in volids
     assert writes(ct200["first_requests"]).count("POST /api2/json/nodes/pve1/lxc") == 1
@@ -157,11 +158,11 @@ def test_gpu_subset_check_mode_then_apply(
     cfg = pve.state()["cts"]["200"]["config"]
     devs = {k: v.split(",")[0] for k, v in cfg.items() if k.startswith("dev")}
     assert devs == {
-        "dev0": f"{gpu_dev}/nvidia1",
-        "dev1": f"{gpu_dev}/nvidia3",
-        "dev2": f"{gpu_dev}/nvidiactl",
-        "dev3": f"{gpu_dev}/nvidia-uvm",
-        "dev4": f"{gpu_dev}/nvidia-uvm-tools",
+        "dev0": "/dev/nvidia1",
+        "dev1": "/dev/nvidia3",
+        "dev2": "/dev/nvidiactl",
+        "dev3": "/dev/nvidia-uvm",
+        "dev4": "/dev/nvidia-uvm-tools",
     }
     sent = writes(pve.requests())
     assert "POST /api2/json/nodes/pve1/lxc/200/status/stop" in sent  # devN apply at the next start
@@ -275,13 +276,14 @@ def test_create_true_makes_the_source_inside_an_existing_parent(
 ) -> None:
     src = tmp_path / "volume" / "workspace"
     (tmp_path / "volume").mkdir()
-    # owned by whoever runs the test (root on a real host), so that it runs without root too
     me = {"owner": pwd.getpwuid(os.getuid()).pw_name, "group": grp.getgrgid(os.getgid()).gr_name}
-    mount = {"host_path": str(src), "mount_point": "/workspace", "create": True, "mode": "0750", **me}
+    mount = {"host_path": str(src), "mount_point": "/workspace", "create": True, "mode": "0750"}
     extra = dict(pve_ct_vmid=232, pve_ct_hostname="ct232", pve_ct_bind_mounts=[mount])
     first = run_role(tmp_path / "one", base_vars(pve, gpu_dev, **extra))
     assert first.rc == 0, first.failures
+    # made for the unprivileged container's root: host uid and gid 100000
     assert src.is_dir() and oct(src.stat().st_mode & 0o777) == "0o750"
+    assert (src.stat().st_uid, src.stat().st_gid) == (100000, 100000)
     assert pve.state()["cts"]["232"]["config"]["mp0"] == f"{src},mp=/workspace"
     again = run_role(tmp_path / "two", base_vars(pve, gpu_dev, **extra))
     assert again.rc == 0 and again.changed == 0, again.changed_tasks
@@ -335,7 +337,7 @@ def test_a_container_the_product_did_not_create_is_refused(
     node = api.nodes("pve1")
     template = "local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst"
     _wait(node, node.lxc.post(vmid=240, ostemplate=template, rootfs="scratch:8", hostname="db",
-                              unprivileged=0, tags="prod, Database"))
+                              unprivileged=1, tags="prod, Database"))
     before = pve.state()["cts"]["240"]
     assert before["config"]["tags"] == "Database;prod"  # stored as PVE stores them: unique, sorted, ';'
     extra = dict(pve_ct_vmid=240, pve_ct_hostname="ct240")
@@ -377,3 +379,40 @@ def _wait(node: Any, upid: str) -> dict[str, Any]:
             return st
         time.sleep(0.1)
     raise AssertionError(f"task {upid} did not finish")
+
+
+def test_unprivileged_ct_refuses_a_writable_source_it_could_not_write(
+    pve: PveDouble, gpu_dev: Path, tmp_path: Path
+) -> None:
+    """An unprivileged container's root is host uid 100000, and a directory owned by host root is `nobody`'s
+    to it: a writable bind mount of one is refused before anything is created, with the chown that fixes
+    it; the same directory read-only is fine."""
+    src = tmp_path / "root-owned"
+    src.mkdir()
+    os.chown(src, 0, 0)
+    mount = {"host_path": str(src), "mount_point": "/workspace"}
+    extra = dict(pve_ct_vmid=234, pve_ct_hostname="ct234", pve_ct_bind_mounts=[mount])
+    res = run_role(tmp_path / "one", base_vars(pve, gpu_dev, **extra))
+    assert res.rc != 0
+    fail = " ".join(res.failures)
+    assert f"bind mount source {src} is owned by host uid 0" in fail, res.failures
+    assert f"`chown -R 100000:100000 {src}`" in fail and "read_only: true" in fail
+    assert "234" not in pve.state()["cts"]
+    ro = dict(extra, pve_ct_bind_mounts=[dict(mount, read_only=True)])
+    ok = run_role(tmp_path / "two", base_vars(pve, gpu_dev, **ro))
+    assert_ok(ok)
+    assert pve.state()["cts"]["234"]["config"]["mp0"] == f"{src},mp=/workspace,ro=1"
+
+
+def test_privileged_opt_in_says_what_it_gives_away(pve: PveDouble, gpu_dev: Path, tmp_path: Path) -> None:
+    """pve_ct_unprivileged: false makes a privileged CT, and the play prints what that gives away."""
+    src = tmp_path / "host-owned"
+    src.mkdir()
+    os.chown(src, 0, 0)  # a privileged CT writes it as the host's root
+    extra = dict(pve_ct_vmid=235, pve_ct_hostname="ct235", pve_ct_unprivileged=False,
+                 pve_ct_bind_mounts=[{"host_path": str(src), "mount_point": "/workspace"}])
+    res = run_role(tmp_path / "one", base_vars(pve, gpu_dev, **extra))
+    assert_ok(res)
+    assert pve.state()["cts"]["235"]["config"]["unprivileged"] == 0
+    assert "CT 235 is PRIVILEGED" in res.output and "root in the container is root on the host" in res.output
+    assert f"bind mounts ['{src}'] are written as the host's root" in res.output

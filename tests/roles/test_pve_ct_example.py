@@ -54,7 +54,7 @@ def test_example_inventory_check_mode_shows_the_plan(tmp_path: Path) -> None:
         assert proc.returncode == 0, out[-4000:]
         assert "would download local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst" in out
         # the diff of CT 200
-        assert f"{bind_source(tmp_path)},mp=/workspace" in out and f"{dev}/nvidia7" in out
+        assert f"{bind_source(tmp_path)},mp=/workspace" in out and "/dev/nvidia7,gid=44,mode=0660" in out
         assert "ct200" in out and "unreachable=0" in out
         assert pve.state()["cts"] == {}
         assert [

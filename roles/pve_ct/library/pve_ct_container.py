@@ -47,7 +47,7 @@ options:
   net0: {description: C(net0) property string., type: str, required: true}
   features: {description: Feature flags such as C(nesting=1)., type: list, elements: str, default: []}
   onboot: {description: Start at boot., type: bool, default: true}
-  unprivileged: {description: Unprivileged container., type: bool, default: false}
+  unprivileged: {description: Unprivileged container., type: bool, default: true}
   ssh_public_keys:
     {description: Authorised SSH public keys (set at creation)., type: list, elements: str, default: []}
   mounts:
@@ -60,7 +60,8 @@ options:
       Leave unset to not manage C(devN).
     type: list
     elements: str
-  dev_mode: {description: Access mode of passed-through device nodes., type: str, default: "0666"}
+  dev_mode: {description: Access mode of passed-through device nodes (C(0[0-7]{3}))., type: str, default: "0660"}
+  dev_gid: {description: Group id of passed-through device nodes in the container (0 = root)., type: int, default: 0}
   tag:
     description:
       - Proxmox tag set at creation that marks the container as this product's. An existing container
@@ -123,7 +124,9 @@ def desired_config(p):
         ro = ",ro=1" if m.get("read_only") else ""
         cfg[f"mp{i}"] = f"{m['host_path']},mp={m['mount_point']}{ro}"
     for i, path in enumerate(p["devices"] or []):
-        cfg[f"dev{i}"] = f"{path},mode={p['dev_mode']}"
+        # pve-container prints the keys after the path sorted (gid, mode, uid); uid 0 is its default
+        gid = f",gid={p['dev_gid']}" if p["dev_gid"] else ""
+        cfg[f"dev{i}"] = f"{path}{gid},mode={p['dev_mode']}"
     return cfg
 
 
@@ -228,10 +231,16 @@ def converge(module, api, current, want):
             )
         )
     if int(current.get("unprivileged", 0)) != int(p["unprivileged"]):
+        was_unpriv = bool(int(current.get("unprivileged", 0)))
         module.fail_json(
-            msg="CT {} is {}privileged but pve_ct_unprivileged={}: that cannot be changed in place; "
-            "re-create the container".format(
-                p["vmid"], "un" if int(current.get("unprivileged", 0)) else "", p["unprivileged"]
+            msg="CT {vmid} is {was}privileged but pve_ct_unprivileged={want}: Proxmox fixes that at creation "
+            "(it owns every file of the rootfs as the mapped ids), so it cannot be changed in place. Either set "
+            "pve_ct_unprivileged: {keep} to keep it as it is{warn}, or back it up and re-create it: vzdump {vmid}, "
+            "then pct restore {vmid} <backup> --unprivileged {flag} --force (Proxmox maps the files' owners), or "
+            "pct destroy {vmid} and run the play again.".format(
+                vmid=p["vmid"], was="un" if was_unpriv else "", want=str(p["unprivileged"]).lower(),
+                keep=str(was_unpriv).lower(), flag=int(p["unprivileged"]),
+                warn="" if was_unpriv else " (the play then prints what a privileged container gives away)",
             )
         )
     rootfs = split_prop(current.get("rootfs", ""), "volume")
@@ -274,11 +283,12 @@ def main():
         net0=dict(type="str", required=True),
         features=dict(type="list", elements="str", default=[]),
         onboot=dict(type="bool", default=True),
-        unprivileged=dict(type="bool", default=False),
+        unprivileged=dict(type="bool", default=True),
         ssh_public_keys=dict(type="list", elements="str", default=[], no_log=False),
         mounts=dict(type="list", elements="dict", default=[]),
         devices=dict(type="list", elements="str"),
-        dev_mode=dict(type="str", default="0666"),
+        dev_mode=dict(type="str", default="0660"),
+        dev_gid=dict(type="int", default=0),
         tag=dict(type="str", default=""),
         restart_on_change=dict(type="bool", default=True),
         timeout=dict(type="int", default=300),
