@@ -63,8 +63,8 @@ if args[0] == "create":
     cts[name] = {"alive": True, "argv": args}; save(); sys.exit(0)
 if args[0] == "inspect":
     save()
-    if "{{.State.CgroupPath}}" in args:
-        print("/libpod_parent/libpod-fake"); sys.exit(0)
+    if "{{.Id}}" in args:
+        print("f" * 64); sys.exit(0)
     print(json.dumps([{"Source": "/srv/x", "Destination": "/srv/lab"}])); sys.exit(0)
 print("fake podman: unexpected " + " ".join(args), file=sys.stderr); sys.exit(2)
 """

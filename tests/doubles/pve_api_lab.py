@@ -8,6 +8,8 @@ configure it). A real Proxmox VE cannot run here.
     pve_api_lab.py stop --dir .lab/pve                               # stop it (bin/lab down)
     pve_api_lab.py hook --config FILE EVENT VMID < config.json       # called by the double (--hook)
     pve_api_lab.py prune NAME...                                     # remove lab containers that are dead
+    pve_api_lab.py boot NAME                      # restart an unprivileged container, its cgroup its root's
+    pve_api_lab.py nodes DIR --gpus N             # the GPU nodes Proxmox makes for an unprivileged CT
 
 `lab.json` (written by playbooks/lab.yml): {"double": {...pve_api.py options...}, "cts": {"200":
 {"name": "lab-ct200", "image": ..., "network": ..., "host": "lab-pve", "volumes": [...], "setup": "sh"}}}.
@@ -146,26 +148,51 @@ def run_ct(spec: dict[str, Any], cfg: dict[str, Any], passthrough: Path) -> None
     start_ct(spec["name"], idmap)
 
 
+def delegate(name: str, idmap: list[tuple[str, int, int, int]]) -> None:
+    """Give the container's control group to its root, as LXC does for a container whose root is mapped
+    (lxc src/lxc/cgroups/cgfsng.c, cgfsng_chown: the container's cgroup directories are chowned to the
+    container's root), so that the systemd in an unprivileged container can manage its own units."""
+    ident = _podman("inspect", name, "--format", "{{.Id}}").stdout.strip()
+    root_uid = next((host for typ, ct, host, _n in idmap if typ == "u" and ct == 0), 0)
+    root_gid = next((host for typ, ct, host, _n in idmap if typ == "g" and ct == 0), 0)
+    # podman names the container's cgroup after its id (libpod-ID under libpod_parent with cgroupfs,
+    # libpod-ID.scope under machine.slice with systemd); only those directories, never a hierarchy's root.
+    tops = [p for base in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup") if len(ident) == 64
+            for p in Path(base).glob(f"*/libpod-{ident}*") if p.is_dir()]
+    for top in tops:
+        for path in [top, *top.rglob("*")]:
+            with contextlib.suppress(OSError):  # read-only control files stay as they are
+                os.chown(path, root_uid, root_gid)
+
+
 def start_ct(name: str, idmap: list[tuple[str, int, int, int]]) -> None:
-    """Start the container. For an unprivileged CT, its control group is first given to its root, as LXC
-    does for a container whose root is mapped (lxc src/lxc/cgroups/cgfsng.c, cgfsng_chown: the container's
-    cgroup directories are chowned to the container's root), so that its systemd can manage its own
-    units: `podman init` makes the cgroup, then it is chowned, then the init process starts."""
+    """Start the container; an unprivileged one gets its control group first: `podman init` makes the
+    cgroup, delegate() gives it to the container's root, then the init process starts."""
     if not idmap:
         _podman("start", name)
         return
     _podman("init", name)
-    cgroup = _podman("inspect", name, "--format", "{{.State.CgroupPath}}").stdout.strip()
-    root_uid = next((host for typ, ct, host, _n in idmap if typ == "u" and ct == 0), 0)
-    root_gid = next((host for typ, ct, host, _n in idmap if typ == "g" and ct == 0), 0)
-    for base in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
-        top = Path(base + cgroup) if cgroup.startswith("/") else None
-        if top is None or not top.is_dir():
-            continue
-        for path in [top, *top.rglob("*")]:
-            with contextlib.suppress(OSError):  # read-only control files stay as they are
-                os.chown(path, root_uid, root_gid)
+    delegate(name, idmap)
     _podman("start", name)
+
+
+def make_nodes(directory: Path, gpus: int, gid: int = 44, mode: str = "0660") -> list[Path]:
+    """The nodes Proxmox makes in an unprivileged CT for `devN: /dev/nvidiaN,gid=GID,mode=MODE` (and
+    nvidiactl), from fake host nodes (char 195:N, 195:255): owned by the container's root and group GID,
+    mapped to host ids (pve_api.passthrough_node). A test platform bind-mounts them at /dev/nvidia*."""
+    idmap = id_map({"unprivileged": 1})
+    directory.mkdir(parents=True, exist_ok=True)
+    made = []
+    for name, minor in [*((f"nvidia{i}", i) for i in range(gpus)), ("nvidiactl", 255)]:
+        node = passthrough_node(f"/dev/{name},gid={gid},mode={mode}", stat.S_IFCHR | 0o666,
+                                os.makedev(195, minor), idmap)
+        path = directory / name
+        path.unlink(missing_ok=True)
+        os.mknod(path, stat.S_IFCHR | node["mode"], os.makedev(node["major"], node["minor"]))
+        os.chown(path, node["uid"], node["gid"])
+        os.chmod(path, node["mode"])
+        made.append(path)
+    return made
 
 
 def setup(spec: dict[str, Any], timeout: float = 120.0) -> None:
@@ -325,11 +352,23 @@ def main() -> int:
     h.add_argument("vmid")
     r = sub.add_parser("prune")
     r.add_argument("names", nargs="+")
+    d = sub.add_parser("boot")
+    d.add_argument("name")
+    n = sub.add_parser("nodes")
+    n.add_argument("dir", type=Path)
+    n.add_argument("--gpus", type=int, default=2)
     a = ap.parse_args()
     if a.cmd == "hook":
         return hook(a.config, a.event, a.vmid)
     if a.cmd == "prune":
         print(" ".join(prune(a.names)))
+        return 0
+    if a.cmd == "boot":  # a container whose systemd exited at its first start: its cgroup was not its own
+        _podman("stop", "-t", "0", a.name, check=False)
+        start_ct(a.name, id_map({"unprivileged": 1}))
+        return 0
+    if a.cmd == "nodes":
+        print(" ".join(str(p) for p in make_nodes(a.dir, a.gpus)))
         return 0
     print(start(a.dir, a.config) if a.cmd == "start" else stop(a.dir))
     return 0
