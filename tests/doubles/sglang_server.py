@@ -8,7 +8,8 @@ stand-in. It needs only the Python standard library:
     python3 tests/doubles/sglang_server.py --host 127.0.0.1 --port 30000 [--model NAME] [--latency S]
         [--tokens-per-s N] [--error-rate P] [--abort-rate P] [--die-after N] [--max-running N]
         [--max-running-unset] [--no-server-info] [--startup-s S] [--seed S]
-        [--reasoning-parser qwen3] [--api-key KEY] [--context-length N] [--tls-cert PEM --tls-key PEM]
+        [--reasoning-parser qwen3] [--api-key KEY] [--context-length N]
+        [--ssl-certfile PEM --ssl-keyfile PEM [--ssl-ca-certs PEM]]
         [--keep-alive-s S] [--log-requests] [--holds]
 
 It serves SGLang's response shapes: GET /health, /health_generate, /get_model_info, /server_info (and its
@@ -53,6 +54,13 @@ requests in flight then see their connection reset). GET /double/stats reports c
 with --log-requests, GET /double/requests lists every chat request's messages and max_tokens. With
 --holds, a request whose last message contains "[hold-s=N]" takes N more seconds (tests use it to
 shape idle gaps and to kill a client between the turns of a conversation).
+
+HTTPS as SGLang serves it: `--ssl-certfile` and `--ssl-keyfile` (SGLang's flags; --tls-cert/--tls-key are
+older spellings of the same) make the server speak TLS only, with that certificate. The rules are SGLang's
+(srt/arg_groups/serving_hook.py, `handle_ssl_validation`), with its messages: one of the two without the
+other is refused, so is `--ssl-ca-certs` without both, and a file that does not exist. `--ssl-ca-certs`
+is what SGLang verifies its own internal requests against (`ssl_verify_of`); the double makes none, so it
+only checks the file.
 
 Keep-alive as SGLang's HTTP server has it: uvicorn closes a connection that stays idle
 `timeout_keep_alive` seconds after its last response, and SGLang sets that from
@@ -376,8 +384,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("SGLANG_DOUBLE_API_KEY", ""),
                    help="require 'Authorization: Bearer KEY' (health exempt); default $SGLANG_DOUBLE_API_KEY")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tls-cert", default="", help="serve HTTPS with this certificate (PEM) ...")
-    p.add_argument("--tls-key", default="", help="... and this key")
+    p.add_argument("--ssl-certfile", "--tls-cert", default="",
+                   help="serve HTTPS with this certificate (PEM) ...")
+    p.add_argument("--ssl-keyfile", "--tls-key", default="", help="... and this key (PEM)")
+    p.add_argument("--ssl-ca-certs", default="", help="CA of SGLang's own internal requests (checked only)")
     p.add_argument("--keep-alive-s", type=float, default=5.0,
                    help="idle seconds before a connection is closed (SGLANG_TIMEOUT_KEEP_ALIVE; 0 = never)")
     p.add_argument("--log-requests", action="store_true", help="keep every request for /double/requests")
@@ -389,7 +399,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("error_rate", "abort_rate"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             p.error(f"--{name.replace('_', '-')} must be within [0, 1]")
+    why = ssl_refusal(args)
+    if why:
+        p.error(why)
     return args
+
+
+def ssl_refusal(args: argparse.Namespace) -> str:
+    """SGLang's refusal of these TLS arguments, word for word, or "" (srt/arg_groups/serving_hook.py,
+    handle_ssl_validation, which raises ValueError before the model loads)."""
+    if args.ssl_keyfile and not args.ssl_certfile:
+        return "--ssl-keyfile requires --ssl-certfile to be specified as well."
+    if args.ssl_certfile and not args.ssl_keyfile:
+        return "--ssl-certfile requires --ssl-keyfile to be specified as well."
+    if not args.ssl_certfile and args.ssl_ca_certs:
+        return "--ssl-ca-certs has no effect without --ssl-certfile and --ssl-keyfile."
+    if args.ssl_keyfile and not os.path.isfile(args.ssl_keyfile):
+        return f"SSL key file not found: '{args.ssl_keyfile}'. Please check the --ssl-keyfile path."
+    if args.ssl_certfile and not os.path.isfile(args.ssl_certfile):
+        return f"SSL certificate file not found: '{args.ssl_certfile}'. Please check the --ssl-certfile path."
+    if args.ssl_ca_certs and not os.path.isfile(args.ssl_ca_certs):
+        return (f"SSL CA certificates file not found: '{args.ssl_ca_certs}'. "
+                "Please check the --ssl-ca-certs path.")
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,9 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     scheme = "http"
-    if args.tls_cert:
+    if args.ssl_certfile:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(args.tls_cert, args.tls_key or None)
+        ctx.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
         server.socket = ctx.wrap_socket(server.socket, server_side=True)
         scheme = "https"
     sys.stderr.write(f"sglang double serving {args.model} on {scheme}://{args.host}:{args.port}\n")

@@ -41,6 +41,10 @@ class GenerateConfig:
     # default: with a key set, such an endpoint is refused before any request; use https:// endpoints,
     # or set this for a private network you trust.
     allow_plain_http_key: bool = False
+    # CA certificate (PEM) that https:// endpoints are verified against, instead of the system's CAs: the
+    # private CA of the SGLang nodes (role sglang, sglang_tls_ca_src). "" = the system's CA store. A path on
+    # the machine the stage runs on; a missing file stops the stage before any request.
+    ca_file: str = ""
     request_timeout_s: float = 3600.0  # one completion; a timeout puts the endpoint aside
     connect_timeout_s: float = 10.0
     # idle seconds after which a pooled connection is not reused; below the servers' own keep-alive

@@ -8,22 +8,34 @@ import functools
 import ipaddress
 import json
 import logging
+import os
 import ssl
 import urllib.parse
 from typing import Any
 
 import aiohttp
 
+from trainer.config_yaml import ConfigError
 from trainer.generate.config import GenerateConfig
 
 log = logging.getLogger("trainer.generate")
 
 
 @functools.cache
-def ssl_context() -> ssl.SSLContext:
+def ssl_context(ca_file: str = "") -> ssl.SSLContext:
     """One verified TLS context for every endpoint: the system's CA store (SSL_CERT_FILE / SSL_CERT_DIR
-    point it at a private CA); building one reads the bundle, so it is built once."""
-    return ssl.create_default_context()
+    point it at a private CA), or with `ca_file` (generate.ca_file) that CA only; building one reads the
+    bundle, so it is built once."""
+    if not ca_file:
+        return ssl.create_default_context()
+    if not os.path.isfile(ca_file):
+        raise ConfigError(f"generate.ca_file: {ca_file!r} is not a file (the CA certificate, PEM, that "
+                          "signed the endpoints' certificates)")
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except ssl.SSLError as e:
+        raise ConfigError(f"generate.ca_file: {ca_file!r} holds no usable CA certificate (PEM): {e}"
+                          ) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,6 +200,8 @@ class Endpoint:
                                               sock_read=cfg.request_timeout_s)
         self._probe_timeout = aiohttp.ClientTimeout(total=cfg.connect_timeout_s)
         self._closing: set[asyncio.Task] = set()
+        # built here, before any request, so that a bad generate.ca_file stops the stage at once
+        self._tls: ssl.SSLContext | bool = ssl_context(cfg.ca_file) if self.url.startswith("https:") else True
         self.up = False
         self.disabled = ""  # reason, when FatalEndpointError put it out for the run
         self.down_reason = "not probed yet"
@@ -202,8 +216,7 @@ class Endpoint:
         self.stale_retries = 0  # requests retried on a fresh connection (see `post`)
 
     def _new_session(self, **connector: Any) -> aiohttp.ClientSession:
-        tls = ssl_context() if self.url.startswith("https:") else True
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=tls, **connector),
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=self._tls, **connector),
                                      headers=self.headers, timeout=self._timeout, raise_for_status=False)
 
     def session(self) -> aiohttp.ClientSession:

@@ -11,6 +11,10 @@ double understands and execs the double (`_double.py` in the same package, a cop
 tests/doubles/sglang_server.py). Arguments the double has no use for (--tp-size,
 --mem-fraction-static) are accepted and have no effect.
 
+TLS: --ssl-certfile, --ssl-keyfile and --ssl-ca-certs (SGLang's names, server_args.py) go to the double,
+which serves HTTPS with them and refuses them as SGLang does (srt/arg_groups/serving_hook.py,
+handle_ssl_validation: one of certificate and key without the other, the CA without both, a missing file).
+
 Test switch: `--standin-never-healthy` serves 503 on every path forever, so the role's readiness
 timeout (and its message naming the instance + journal tail) can be tested.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -39,6 +44,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-running-requests", type=int, default=0)
     p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument("--ssl-certfile", default="")
+    p.add_argument("--ssl-keyfile", default="")
+    p.add_argument("--ssl-ca-certs", default="")
     p.add_argument("--standin-never-healthy", action="store_true")
     return p.parse_args(argv)
 
@@ -61,6 +69,9 @@ def double_argv(a: argparse.Namespace) -> list[str]:
         argv += ["--context-length", str(a.context_length)]
     if a.max_running_requests:
         argv += ["--max-running", str(a.max_running_requests)]
+    for flag in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+        if getattr(a, flag):
+            argv += ["--" + flag.replace("_", "-"), getattr(a, flag)]
     return argv
 
 
@@ -81,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.standin_never_healthy:
         sys.stderr.write(f"sglang stand-in: port {args.port} will never become healthy (test switch)\n")
         sys.stderr.flush()
-        HTTPServer((args.host, args.port), Unhealthy).serve_forever()
+        server = HTTPServer((args.host, args.port), Unhealthy)
+        if args.ssl_certfile:  # as the double would: HTTPS only
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        server.serve_forever()
         return 1
     if not DOUBLE.is_file():
         sys.stderr.write(
@@ -93,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     # the journal.
     sys.stderr.write(
         f"server_args=ServerArgs(model_path={args.model_path!r}, host={args.host!r}, port={args.port}, "
-        f"api_key={args.api_key or None!r}, tp_size={args.tp_size})\n"
+        f"api_key={args.api_key or None!r}, tp_size={args.tp_size}, "
+        f"ssl_certfile={args.ssl_certfile or None!r}, ssl_keyfile={args.ssl_keyfile or None!r}, "
+        f"ssl_ca_certs={args.ssl_ca_certs or None!r})\n"
     )
     argv_ = double_argv(args)
     sys.stderr.flush()
