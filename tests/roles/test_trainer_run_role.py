@@ -297,7 +297,7 @@ _RENDER = """
 """
 
 
-def _render(tmp_path: Path, src: Path, out: Path) -> subprocess.CompletedProcess[str]:
+def _render(tmp_path: Path, src: Path, out: Path, **more: object) -> subprocess.CompletedProcess[str]:
     runs = tmp_path / "runs"
     runs.mkdir(exist_ok=True)
     (runs / "knob.yml").write_text(
@@ -317,6 +317,7 @@ def _render(tmp_path: Path, src: Path, out: Path) -> subprocess.CompletedProcess
         "trainer_run_endpoints": ["http://10.0.1.20:30000", "http://[fd00::1]:30001"],
         "trainer_run_overrides": {"eval": {"new_knob": 5}},
         "ansible_python_interpreter": sys.executable,
+        **more,
     }
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
     exe = shutil.which("ansible-playbook") or str(Path(sys.executable).with_name("ansible-playbook"))
@@ -432,3 +433,20 @@ def test_status_reports_the_run_from_its_files_on_the_node(
     assert r.returncode != 0
     assert "python -m trainer status failed (exit 2)" in out
     assert f"{metrics} line 1: not a JSON object" in out
+
+
+def test_the_sglang_ca_reaches_the_run_as_generate_ca_file(tmp_path: Path) -> None:
+    """With HTTPS endpoints and their CA set (trainer_run_sglang_ca_src), the run's overrides name the node's
+    copy of it as generate.ca_file, which the node's loader takes."""
+    src = tmp_path / "src"  # the run file of _render carries the field test above adds
+    shutil.copytree(ROOT / "trainer", src / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    with (src / "trainer" / "eval" / "config.py").open("a") as f:
+        f.write(_NEW_FIELD)
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    r = _render(tmp_path, src, tmp_path / "out", trainer_run_sglang_ca_src=str(ca),
+                trainer_run_endpoints=["https://10.0.1.20:30000"])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    overrides = yaml.safe_load((tmp_path / "out" / "overrides.yml").read_text())
+    assert overrides["generate"] == {"endpoints": ["https://10.0.1.20:30000"],
+                                     "ca_file": "/etc/trainer-run/sglang-ca.pem"}

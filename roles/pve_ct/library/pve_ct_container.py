@@ -60,8 +60,8 @@ options:
       Leave unset to not manage C(devN).
     type: list
     elements: str
-  dev_mode: {description: Access mode of passed-through device nodes (C(0[0-7]{3}))., type: str, default: "0660"}
-  dev_gid: {description: Group id of passed-through device nodes in the container (0 = root)., type: int, default: 0}
+  dev_mode: {description: Access mode of the passed-through nodes (C(0[0-7]{3}))., type: str, default: "0660"}
+  dev_gid: {description: Group id of the passed-through nodes in the container., type: int, default: 0}
   tag:
     description:
       - Proxmox tag set at creation that marks the container as this product's. An existing container
@@ -233,11 +233,11 @@ def converge(module, api, current, want):
     if int(current.get("unprivileged", 0)) != int(p["unprivileged"]):
         was_unpriv = bool(int(current.get("unprivileged", 0)))
         module.fail_json(
-            msg="CT {vmid} is {was}privileged but pve_ct_unprivileged={want}: Proxmox fixes that at creation "
-            "(it owns every file of the rootfs as the mapped ids), so it cannot be changed in place. Either set "
-            "pve_ct_unprivileged: {keep} to keep it as it is{warn}, or back it up and re-create it: vzdump {vmid}, "
-            "then pct restore {vmid} <backup> --unprivileged {flag} --force (Proxmox maps the files' owners), or "
-            "pct destroy {vmid} and run the play again.".format(
+            msg="CT {vmid} is {was}privileged but pve_ct_unprivileged={want}: Proxmox fixes that "
+            "at creation (it owns every file of the rootfs as the mapped ids), so it cannot be changed in "
+            "place. Either set pve_ct_unprivileged: {keep} to keep it as it is{warn}, or back it up and "
+            "re-create it: vzdump {vmid}, then pct restore {vmid} <backup> --unprivileged {flag} --force "
+            "(Proxmox maps the files' owners), or pct destroy {vmid} and run the play again.".format(
                 vmid=p["vmid"], was="un" if was_unpriv else "", want=str(p["unprivileged"]).lower(),
                 keep=str(was_unpriv).lower(), flag=int(p["unprivileged"]),
                 warn="" if was_unpriv else " (the play then prints what a privileged container gives away)",
