@@ -40,6 +40,13 @@ PLAY = """
         - %(root)s/roles/sglang/templates/sglang-router.service.j2
       vars:
         _sglang_instances: [0, 1]
+    - name: Write the hosts the role puts in URLs
+      ansible.builtin.copy:
+        content: "{{ {'probe': _sglang_probe_url_host, 'router_probe': _sglang_router_probe_url_host,
+          'advertise': _sglang_advertise_url_host,
+          'router_advertise': _sglang_router_advertise_url_host} | to_json }}"
+        dest: "{{ out }}/url_hosts.json"
+        mode: "0644"
 """
 
 INVENTORY = """
@@ -101,3 +108,19 @@ def test_a_host_name_is_refused_before_anything_is_rendered(tmp_path: Path) -> N
     assert r.returncode != 0
     assert "sglang_allowed_clients has ct200.lan, which is not an address or prefix" in out, out[-2000:]
     assert not (tmp_path / "out" / "sglang@.service").exists()
+
+
+def test_an_ipv6_bind_address_goes_in_brackets_in_every_url(tmp_path: Path) -> None:
+    """The probes, the router's worker URLs and the published endpoints put an IPv6 literal in brackets
+    (RFC 3986, section 3.2.2); the bind flags take it bare, as SGLang's and the router's --host do."""
+    r = _render(tmp_path, "-e", "sglang_host=fd00::5", "-e", "sglang_router_host=fd00::5")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    hosts = json.loads((tmp_path / "out" / "url_hosts.json").read_text())
+    assert hosts == dict.fromkeys(["probe", "router_probe", "advertise", "router_advertise"], "[fd00::5]")
+    router = (tmp_path / "out" / "sglang-router.service").read_text()
+    assert "--host fd00::5 " in router
+    assert "--worker-urls http://[fd00::5]:30000 http://[fd00::5]:30001" in router
+    # IPv4 stays as it is
+    r = _render(tmp_path, "-e", "sglang_host=10.0.0.9")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert json.loads((tmp_path / "out" / "url_hosts.json").read_text())["advertise"] == "10.0.0.9"

@@ -284,6 +284,21 @@ def test_wait_ready_names_the_url_on_timeout() -> None:
     assert f"http://127.0.0.1:{port}/health not ready after 2 s" in r.stderr
 
 
+def test_wait_ready_brackets_an_ipv6_literal() -> None:
+    """A specific IPv6 bind address is probed as http://[ADDR]:PORT (RFC 3986), not as an unparsable
+    ADDR:PORT."""
+    port = _port()
+    r = subprocess.run(
+        [sys.executable, str(FILES / "sglang_wait_ready.py"), "::1", str(port), "--timeout", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 1
+    assert f"http://[::1]:{port}/health not ready after 2 s" in r.stderr
+    assert "nonnumeric port" not in r.stderr and "Invalid" not in r.stderr
+
+
 def _model(root: Path, shard_bytes: int = 16, total: int = 20) -> Path:
     root.mkdir(parents=True)
     (root / "config.json").write_text('{"model_type": "qwen3"}')

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cafile", default="", help="speak https, verified against this CA (PEM)")
     a = p.parse_args(argv)
     host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
+    if ":" in host:  # an IPv6 literal goes in brackets in a URL (RFC 3986, section 3.2.2)
+        host = f"[{host}]"
     tls = ssl.create_default_context(cafile=a.cafile) if a.cafile else None
     url = f"{'https' if tls else 'http'}://{host}:{a.port}{a.path}"
     deadline, last = time.monotonic() + a.timeout, "no answer yet"
