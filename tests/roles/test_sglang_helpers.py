@@ -272,30 +272,23 @@ def test_router_standin_spreads_requests_and_fails_over(standin: Path, procs: li
         )
 
 
-def test_wait_ready_names_the_url_on_timeout() -> None:
+@pytest.mark.parametrize(
+    ("host", "url_host"),
+    [
+        ("0.0.0.0", "127.0.0.1"),  # any address: probed on loopback
+        ("::1", "[::1]"),  # an IPv6 literal goes in brackets in a URL (RFC 3986), not an unparsable ADDR:PORT
+    ],
+)
+def test_wait_ready_names_the_url_on_timeout(host: str, url_host: str) -> None:
     port = _port()
     r = subprocess.run(
-        [sys.executable, str(FILES / "sglang_wait_ready.py"), "0.0.0.0", str(port), "--timeout", "1.5"],
+        [sys.executable, str(FILES / "sglang_wait_ready.py"), host, str(port), "--timeout", "1.5"],
         capture_output=True,
         text=True,
         timeout=30,
     )
     assert r.returncode == 1
-    assert f"http://127.0.0.1:{port}/health not ready after 2 s" in r.stderr
-
-
-def test_wait_ready_brackets_an_ipv6_literal() -> None:
-    """A specific IPv6 bind address is probed as http://[ADDR]:PORT (RFC 3986), not as an unparsable
-    ADDR:PORT."""
-    port = _port()
-    r = subprocess.run(
-        [sys.executable, str(FILES / "sglang_wait_ready.py"), "::1", str(port), "--timeout", "1.5"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert r.returncode == 1
-    assert f"http://[::1]:{port}/health not ready after 2 s" in r.stderr
+    assert f"http://{url_host}:{port}/health not ready after 2 s" in r.stderr
     assert "nonnumeric port" not in r.stderr and "Invalid" not in r.stderr
 
 
