@@ -287,7 +287,10 @@ class Trainer:
 
 def train(cfg: RunConfig, *, resume: bool = False, dataset: Any = None) -> TrainResult:
     """Train the drafter described by `cfg` (under torchrun when WORLD_SIZE > 1)."""
+    ok = False
     try:
-        return Trainer(cfg, resume=resume, dataset=dataset).run()
+        result = Trainer(cfg, resume=resume, dataset=dataset).run()
+        ok = True
+        return result
     finally:
-        dev.destroy_distributed()
+        dev.destroy_distributed(ok)  # the Trainer (model, optimizer) is garbage by now
