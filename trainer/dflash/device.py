@@ -89,28 +89,20 @@ def init_distributed(rt: Runtime) -> None:
     torch.distributed.init_process_group(**kwargs)
 
 
-def destroy_distributed(ok: bool = True) -> None:
-    """Leave the process group, once the caller has dropped its model and optimizer.
+def destroy_distributed(ok: bool) -> None:
+    """Leave the process group at the end of `train` (`ok`: the run ended cleanly on this rank).
 
-    After a clean run every rank meets at a barrier, the objects that still hold the group (FSDP's
-    modules, left in reference cycles) are collected, and the group is destroyed, so the backend's worker
-    threads finish and exit while the interpreter is whole. A gloo worker that drops the last tensor of
-    a collective during interpreter shutdown needs the GIL there and aborts the rank (SIGABRT,
-    "terminate called without an active exception") after its work is done.
+    After a clean run every rank meets at a barrier before the group is destroyed. Gloo's barrier waits
+    for every collective queued before it, so its worker threads hold no tensor once it returns; a worker
+    still dropping the last collective's tensors while the interpreter shuts down needs the GIL there and
+    aborts the rank (SIGABRT, "terminate called without an active exception") after its work is done.
     After a failure nothing collective runs: a peer may be blocked in a collective that will never
     complete, and a barrier or NCCL's communicator teardown would wait on it; torchrun ends the other
     ranks once this one exits with its error.
     """
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return
-    if not ok:
-        return
-    import gc
-
-    torch.distributed.barrier()
-    gc.collect()
-    torch.distributed.destroy_process_group()
-    gc.collect()
+    if ok and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def synchronize(device: torch.device) -> None:

@@ -293,4 +293,4 @@ def train(cfg: RunConfig, *, resume: bool = False, dataset: Any = None) -> Train
         ok = True
         return result
     finally:
-        dev.destroy_distributed(ok)  # the Trainer (model, optimizer) is garbage by now
+        dev.destroy_distributed(ok)
