@@ -1,5 +1,6 @@
-"""The held-out split: conversations chosen by a hash of their id go to their own shards, which training
-never reads; the doctor reports on both; eval's default shards are the held-out ones."""
+"""The held-out split: conversations chosen by a hash of their prompt (the normalized first user turn) go
+to their own shards, which training never reads; the doctor reports on both; eval's default shards are the
+held-out ones."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from data_factory import healthy, write_jsonl
 
 from trainer.config import ConfigError, load_run_config
 from trainer.data.shards import MANIFEST, ShardDataset, check_doctor
-from trainer.data.split import is_heldout
+from trainer.data.split import is_heldout, split_key
 from trainer.data.stage import stage
 from trainer.layout import RunLayout
 
@@ -46,7 +47,7 @@ def test_the_held_out_ids_never_reach_the_training_shards(tmp_path: Path, tiny_t
     cfg = load_run_config(run_config(tmp_path, tiny_tok_dir, heldout_share=0.2))
     assert stage(cfg) == 0
     layout = RunLayout.of(cfg)
-    expected = {f"s{i}" for i in range(80) if is_heldout(f"s{i}", 0.2)}
+    expected = {f"s{i}" for i in range(80) if is_heldout(split_key(multi_turn(i)["messages"], f"s{i}"), 0.2)}
     assert 5 < len(expected) < 30
     train, held = ids(layout.shards), ids(layout.heldout_shards)
     assert set(held) == expected and not expected & set(train)
@@ -61,6 +62,34 @@ def test_the_held_out_ids_never_reach_the_training_shards(tmp_path: Path, tiny_t
     assert f"held out {len(expected)} conversations" in printed and "training never reads them" in printed
     assert printed.count("doctor:") >= 2  # a report on each side
     assert layout.eval_shards == layout.heldout_shards and layout.eval_split == "heldout"
+
+
+def test_the_same_prompt_under_two_ids_stays_on_one_side(tmp_path: Path, tiny_tok_dir: Path) -> None:
+    """A prompt sampled twice (two ids, two answers; its whitespace differing) never lands on both sides,
+    which a split by id would do for about 2 * share * (1 - share) of such pairs."""
+    records = []
+    for i in range(60):
+        a, b = healthy(i), healthy(i + 1000)
+        b["messages"][1]["content"] = "  " + a["messages"][1]["content"].replace(" ", "\u00a0 ") + "\n"
+        records += [a, b]
+    write_jsonl(tmp_path / "run" / "generated" / "part-00000-ab.jsonl", records)
+    cfg = load_run_config(run_config(tmp_path, tiny_tok_dir, heldout_share=0.3))
+    assert stage(cfg) == 0
+    layout = RunLayout.of(cfg)
+    held, train = set(ids(layout.heldout_shards)), set(ids(layout.shards))
+    assert 5 < len(held) and not held & train
+    pairs_held = {i for i in range(60) if f"s{i}" in held}
+    assert pairs_held and {f"s{i + 1000}" for i in pairs_held} <= held
+    assert {f"s{i}" for i in range(60) if i not in pairs_held} <= train
+    assert {f"s{i + 1000}" for i in range(60) if i not in pairs_held} <= train
+    # by id alone, some pair would have been split
+    assert any(is_heldout(f"s{i}", 0.3) != is_heldout(f"s{i + 1000}", 0.3) for i in range(60))
+
+
+def test_a_conversation_without_a_user_turn_is_split_by_its_id() -> None:
+    assert split_key([{"role": "assistant", "content": "hi"}], "r7") == "id:r7"
+    assert split_key([{"role": "user", "content": " a\tb  c "}], "r7") == split_key(
+        [{"role": "system", "content": "x"}, {"role": "user", "content": "a b\nc"}], "other")
 
 
 def test_the_split_is_the_same_on_every_prepare(tmp_path: Path, tiny_tok_dir: Path) -> None:

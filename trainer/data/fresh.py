@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.data.shards import MANIFEST, DataRefused, check_doctor, read_manifest, sha256_file
+from trainer.data.split import SPLIT_BY
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json")
@@ -41,6 +42,7 @@ def inputs(completions: str | Path, tokenizer: str | Path, data: Any, heldout_di
         "max_length": data.max_length, "rows_per_shard": data.rows_per_shard,
         "drop_degenerate": data.drop_degenerate, "heldout_share": data.heldout_share,
         "heldout_shards": str(heldout_dir) if data.heldout_share > 0 else "",
+        "heldout_split_by": SPLIT_BY if data.heldout_share > 0 else "",
         "doctor": dataclasses.asdict(data.doctor),
     }
 

@@ -188,7 +188,7 @@ def _prepare(
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not show_progress,
               smoothing=0.1) as bar:
         for row in _rows(files, tok, str(tokenizer_path), max_length, workers, chat_template_kwargs, bar):
-            (held if held is not None and is_heldout(row.id, heldout_share) else train).add(row)
+            (held if held is not None and is_heldout(row.split_key, heldout_share) else train).add(row)
             n += 1
             if n % 256 == 0:
                 bar.set_postfix(samples=n, rate=f"{n / (time.perf_counter() - t0):.0f}/s")

@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from trainer.data.records import Conversation, DataError
+from trainer.data.split import split_key
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -41,6 +42,7 @@ class Row:
     gen_truncated: bool  # the generator stopped at its token limit
     truncated: bool  # cut here at max_length
     response_hash: str
+    split_key: str  # what the held-out split hashes: the conversation's normalized first user turn
 
     @property
     def length(self) -> int:
@@ -113,6 +115,7 @@ def expand(conv: Conversation, tokenizer: Any, max_length: int,
            chat_template_kwargs: dict[str, Any] | None = None) -> list[Row]:
     """One row per assistant turn of `conv` (multi-turn expansion), each supervising its last turn."""
     rows: list[Row] = []
+    key = split_key(conv.messages, conv.id)
     assistant_idx = [i for i, m in enumerate(conv.messages) if m["role"] == "assistant"]
     for turn, k in enumerate(assistant_idx):
         msgs = conv.messages[: k + 1]
@@ -133,6 +136,6 @@ def expand(conv: Conversation, tokenizer: Any, max_length: int,
             longest_run=_longest_run(mask), answer_chars=len(answer),
             reasoning_chars=len(reasoning.strip()), finish_reason=conv.finish_reason if is_final else "stop",
             unterminated_think=is_final and conv.unterminated_think, gen_truncated=gen_truncated,
-            truncated=cut, response_hash=_hash(reasoning, answer),
+            truncated=cut, response_hash=_hash(reasoning, answer), split_key=key,
         ))
     return rows

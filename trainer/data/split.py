@@ -1,8 +1,10 @@
 """The held-out split: which conversations training never sees, and the shards each side is written to.
 
-A conversation is held out when a hash of its id falls below `data.heldout_share`, so the choice is the
-same on every machine and every re-prepare, and every row of a conversation (one per assistant turn)
-lands on the same side: no prompt the drafter trained on reaches the held-out set through another turn.
+A conversation is held out when a hash of its prompt (its first user turn, Unicode NFKC with runs of
+whitespace made one space; `split_key`) falls below `data.heldout_share`. So the choice is the same on
+every machine and every re-prepare, the same prompt under two record ids (a regenerated copy, a second
+sample of one question) lands on one side, and every row of a conversation (one per assistant turn)
+lands on the same side: no prompt the drafter trained on reaches the held-out set.
 The held-out rows get their own shards dir (`data.heldout_shards`) with its own manifest and doctor
 report; `train` reads only `data.shards`, and `eval` scores the held-out shards by default.
 """
@@ -10,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import time
+import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.data.config import DoctorConfig
 from trainer.data.doctor import SAMPLE_COLUMNS, Verdict, degenerate_flags, diagnose
-from trainer.data.render import Row
 from trainer.data.shards import (
     FORMAT_VERSION,
     MANIFEST,
@@ -26,12 +28,28 @@ from trainer.data.shards import (
     write_samples,
 )
 
+if TYPE_CHECKING:
+    from trainer.data.render import Row
 
-def is_heldout(sample_id: str, share: float) -> bool:
-    """Deterministic by id: the first 64 bits of sha256(id) as a fraction of 2**64, below `share`."""
+
+SPLIT_BY = "first-user-turn"  # recorded with prepare's inputs: a change of the key re-prepares
+
+
+def split_key(messages: list[dict[str, Any]], fallback: str) -> str:
+    """What the split hashes for a conversation: its first user turn, normalized (NFKC, whitespace runs
+    as one space, stripped); `fallback` (the record id) for a conversation without a user turn."""
+    for m in messages:
+        if m.get("role") == "user":
+            text = " ".join(unicodedata.normalize("NFKC", str(m.get("content") or "")).split())
+            return "user:" + text
+    return "id:" + fallback
+
+
+def is_heldout(key: str, share: float) -> bool:
+    """Deterministic by key: the first 64 bits of sha256(key) as a fraction of 2**64, below `share`."""
     if share <= 0.0:
         return False
-    return int(hashlib.sha256(sample_id.encode()).hexdigest()[:16], 16) / 2**64 < share
+    return int(hashlib.sha256(key.encode()).hexdigest()[:16], 16) / 2**64 < share
 
 
 class Sink:

@@ -105,7 +105,7 @@ def evaluate(cfg: RunConfig, checkpoint: str | Path | None = None) -> EvalResult
     bounds = default_boundaries(cfg.data.max_length)
     dev.configure_compile(num_shapes=len(bounds))
     with torch.no_grad():
-        for i in tqdm(range(n), desc="eval", unit="sample", disable=n < 8):
+        for i in tqdm(eval_rows(len(ds), n, cfg.eval.seed), desc="eval", unit="sample", disable=n < 8):
             row = ds[i]
             pad = bounds[bisect.bisect_left(bounds, min(len(row["input_ids"]), cfg.data.max_length))]
             batch = collate([row], device=rt.device, max_length=cfg.data.max_length, pad_to=pad)
@@ -123,6 +123,14 @@ def evaluate(cfg: RunConfig, checkpoint: str | Path | None = None) -> EvalResult
                      hist, [round(float(x), 4) for x in correct / count.clamp(min=1)],
                      round(time.perf_counter() - t0, 2), str(layout.eval_shards), layout.eval_split)
     return res
+
+
+def eval_rows(total: int, n: int, seed: int) -> list[int]:
+    """The `n` row indices eval scores out of `total`: a permutation seeded by `eval.seed`, so the sample is
+    spread over the whole shards (not their first rows, which are in file order: one source, one length
+    range) and is the same for every checkpoint of a run. Sorted, so the shards are read in order."""
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:n]
+    return sorted(int(i) for i in order)
 
 
 def write_result(cfg: RunConfig, res: EvalResult) -> Path:
