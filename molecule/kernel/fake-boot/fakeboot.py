@@ -23,20 +23,39 @@ bootctl set-oneshot ID  (systemd bootctl): sets the EFI variable LoaderEntryOneS
 grub-reboot ENTRY  (grub2-common /usr/sbin/grub-reboot:157): `grub-editenv grubenv set next_entry=ENTRY`.
 grub-set-default ENTRY  (/usr/sbin/grub-set-default:132-134): unset prev_saved_entry and next_entry,
   set saved_entry=ENTRY.
-grub-editenv FILE list|set K=V|unset K: the grubenv block (from Linux it writes through the mounted
-  filesystem, so it works on LVM too; only GRUB itself cannot write there, see fake-reboot).
-grub-probe --target=abstraction|fs|fs_uuid /boot/grub: the host's /boot as install.yml described it
-  (fake_grub_boot: plain -> no abstraction, fs ext2; lvm -> abstraction lvm).
+grub-editenv FILE create|list|set K=V|unset K  (util/grub-editenv.c): an environment block file
+  (lib/envblk.c format: "# GRUB Environment Block" line, K=V lines, '#' padding to the file's size;
+  create writes a fresh 1024-byte one, DEFAULT_ENVBLK_SIZE; a missing FILE is created implicitly). From
+  Linux it writes through the mounted filesystem, so it works on LVM too; only GRUB cannot, see below.
+grub-probe --target=abstraction|fs|fs_uuid PATH: what GRUB sees at PATH, as install.yml described the
+  host (fake_grub_boot: plain -> no abstraction, fs ext2; lvm -> abstraction lvm; fake_grub_esp: a vfat
+  EFI system partition mounted there -> no abstraction, fs fat, fs_uuid as grub-core/fs/fat.c prints it,
+  "%04x-%04x", lower case). A PATH that does not exist: "failed to get canonical path", exit 1.
 update-grub  (grub-mkconfig): writes /boot/grub/grub.cfg as Debian's 00_header and 10_linux write it
   on Proxmox VE 8 (GRUB 2.06) and 9 (GRUB 2.12), from /etc/default/grub and /etc/default/grub.d/*.cfg
   (proxmox-ve.cfg: GRUB_DISTRIBUTOR="Proxmox VE"): titles 'Proxmox VE GNU/Linux, with Linux V', ids
   gnulinux-V-advanced-FSUUID, the submenu 'Advanced options for Proxmox VE GNU/Linux' unless
   GRUB_DISABLE_SUBMENU=y, entry 0 = the newest kernel (update_grub cites each rule).
-fake-reboot: the machine. GRUB: 00_header's next_entry block boots next_entry and clears it with
-  save_env, which fails where GRUB cannot write /boot/grub (LVM, md-raid: "diskfilter writes are not
-  supported"; ZFS, btrfs): there next_entry stays and boots again and again. Else the default
-  (GRUB_DEFAULT, ${saved_entry} for saved). Entries are resolved as grub-core/normal/menu.c does: title
-  or id per `>` level; an unknown entry boots entry 0, the newest kernel.
+update-grub also runs every EXECUTABLE /etc/grub.d script other than 00_header and 10_linux (which
+  it models itself) in name order and puts its output between "### BEGIN/END /etc/grub.d/NAME ###"
+  (util/grub-mkconfig.in: `test -x "$i"`); a script that fails fails update-grub.
+fake-reboot [--pick ENTRY]: the machine. GRUB: 00_header's next_entry block boots next_entry and clears
+  it with save_env, which fails where GRUB cannot write /boot/grub (LVM, md-raid: "diskfilter writes are
+  not supported"; ZFS, btrfs): there next_entry stays and boots again and again. Else the default
+  (GRUB_DEFAULT, ${saved_entry} for saved). Then the script that the other /etc/grub.d snippets put
+  between 00_header and 10_linux runs (grub_script: insmod, search --fs-uuid --set=VAR, load_env and
+  save_env --file with a variable list, set, `if CMD; then`/`if [ "${VAR}" ]; then`/else/fi; anything
+  else stops the stand-in: it does not guess). load_env/save_env follow grub-core/commands/loadenv.c:
+  the file must exist and carry the envblk signature ("invalid environment block"), load_env with names
+  sets only those, save_env rewrites the file in place at its size ("environment block too small") and
+  fails on a device GRUB cannot write: the ESP (vfat on a GPT partition, through efidisk/biosdisk) is
+  writable, LVM is not. search --fs-uuid compares case-insensitively (grub-core/commands/search.c) and
+  finds the ESP only with the fat module loaded; under BIOS (grub-host.json firmware=bios) the stand-in
+  needs an explicit `insmod fat` (core.img carries only what reaches /boot/grub; real GRUB's normal mode
+  may also autoload it, normal/autofs.c, so this is stricter), under UEFI Debian's signed image has fat
+  built in (debian/build-efi-images). --pick ENTRY: someone chooses ENTRY in the menu on the console for
+  this boot (the one-shot logic above still runs first). Entries are resolved as grub-core/normal/menu.c
+  does: title or id per `>` level; an unknown entry boots entry 0, the newest kernel.
   systemd-boot: LoaderEntryOneShot (consumed), else loader.conf.
   A release listed in /var/lib/fake-boot/broken panics: with panic=N (N>0) on its command line it
   reboots after N s and the loader decides again; without it the host sits at the panic (exit 1, needs
@@ -49,6 +68,7 @@ Every call is appended to /var/lib/fake-boot/calls.log.
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -100,27 +120,44 @@ def running():
 
 
 # ---- GRUB ------------------------------------------------------------------------------------------
-def grubenv_read():
+ENVBLK_SIG = "# GRUB Environment Block\n"  # include/grub/lib/envblk.h, GRUB_ENVBLK_SIGNATURE
+
+
+def grubenv_read(path=None):
+    path = path or GRUBENV
     env = {}
-    if GRUBENV.exists():
-        for line in GRUBENV.read_text().splitlines():
+    if path.exists():
+        for line in path.read_text().splitlines():
             if line and not line.startswith("#") and "=" in line:
                 k, v = line.split("=", 1)
                 env[k] = v
     return env
 
 
-def grubenv_write(env):
-    GRUBENV.parent.mkdir(parents=True, exist_ok=True)
-    body = "# GRUB Environment Block\n" + "".join(f"{k}={v}\n" for k, v in env.items())
-    GRUBENV.write_text(body + "#" * max(0, 1024 - len(body)))  # grubenv is a 1024-byte block
+def grubenv_write(env, path=None, size=None):
+    """Write the block at its current size (GRUB and grub-editenv rewrite it in place), 1024 when new.
+    Returns False where the variables do not fit ("environment block too small")."""
+    path = path or GRUBENV
+    if size is None:
+        size = path.stat().st_size if path.exists() else 1024
+    body = ENVBLK_SIG + "".join(f"{k}={v}\n" for k, v in env.items())
+    if len(body) > size:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body + "#" * (size - len(body)))
+    return True
 
 
 def grub_editenv(args):
     if len(args) < 2:
-        die("usage: grub-editenv FILE list|set K=V|unset K", 2)
-    env = grubenv_read()
+        die("usage: grub-editenv FILE create|list|set K=V|unset K", 2)
+    path = Path(args[0]) if Path(args[0]).is_absolute() else Path.cwd() / args[0]
+    path = ROOT / path.relative_to("/")
     op, rest = args[1], args[2:]
+    if op == "create":
+        grubenv_write({}, path, 1024)
+        return
+    env = grubenv_read(path)
     if op == "list":
         print("\n".join(f"{k}={v}" for k, v in env.items()))
         return
@@ -133,27 +170,43 @@ def grub_editenv(args):
             env.pop(k, None)
     else:
         die(f"grub-editenv stand-in: unsupported: {op}", 2)
-    grubenv_write(env)
+    if not grubenv_write(env, path):
+        die("grub-editenv: error: environment block too small.")
 
 
 def grub_host():
     return json.loads(GRUB_HOST.read_text()) if GRUB_HOST.exists() else {}
 
 
+def grub_esp():
+    """The vfat EFI system partition install.yml described ({"path", "fs_uuid"}), or {}."""
+    return grub_host().get("esp") or {}
+
+
 def grub_probe(args):
-    """grub-probe --target=abstraction|fs|fs_uuid PATH: what GRUB sees under /boot/grub.
+    """grub-probe --target=abstraction|fs|fs_uuid PATH: what GRUB sees at PATH.
 
     abstraction lists the disk abstraction modules (lvm, diskfilter, mdraid1x, cryptodisk, ...) GRUB
-    needs to reach the path; fs is GRUB's filesystem module (ext2 for ext2/3/4)."""
-    target = ""
+    needs to reach the path; fs is GRUB's filesystem module (ext2 for ext2/3/4, fat for vfat)."""
+    target, path = "", ""
+    skip = False
     for i, a in enumerate(args):
-        if a.startswith("--target="):
+        if skip:
+            skip = False
+        elif a.startswith("--target="):
             target = a.split("=", 1)[1]
         elif a == "-t" and i + 1 < len(args):
-            target = args[i + 1]
+            target, skip = args[i + 1], True
+        elif not a.startswith("-"):
+            path = a
     host = grub_host()
     if target not in ("abstraction", "fs", "fs_uuid"):
         die(f"grub-probe stand-in: unsupported target {target!r}", 2)
+    if not path or not (ROOT / path.lstrip("/")).exists():
+        die(f"grub-probe: error: failed to get canonical path of `{path}'.")
+    esp = grub_esp()
+    if esp and (path == esp["path"] or path.startswith(esp["path"].rstrip("/") + "/")):
+        host = {"abstraction": "", "fs": "fat", "fs_uuid": esp["fs_uuid"].lower()}
     value = host.get(target, "")
     if value:
         print(value)
@@ -265,8 +318,24 @@ def update_grub(_args):
         "}",
         "### END /etc/grub.d/00_header ###",
         "",
-        "### BEGIN /etc/grub.d/10_linux ###",
     ]
+    snippets = sorted(
+        p
+        for p in (ROOT / "etc/grub.d").glob("*")
+        if p.is_file() and os.access(p, os.X_OK) and p.name not in ("00_header", "10_linux")
+        and not p.name.endswith("~")
+    )
+
+    def run_snippets(names):
+        for p in names:
+            done = subprocess.run([str(p)], capture_output=True, text=True)
+            if done.returncode:
+                die(f"update-grub: /etc/grub.d/{p.name} failed: {done.stderr.strip()}")
+            out.extend([f"### BEGIN /etc/grub.d/{p.name} ###", *done.stdout.splitlines(),
+                        f"### END /etc/grub.d/{p.name} ###", ""])
+
+    run_snippets([p for p in snippets if p.name < "10_linux"])
+    out.append("### BEGIN /etc/grub.d/10_linux ###")
 
     def entry(title, entry_id, version, entry_args, indent):
         body = [
@@ -299,6 +368,7 @@ def update_grub(_args):
     if indent:
         out.append("}")
     out += ["", "### END /etc/grub.d/10_linux ###", ""]
+    run_snippets([p for p in snippets if p.name > "10_linux"])
     GRUB_CFG.parent.mkdir(parents=True, exist_ok=True)
     GRUB_CFG.write_text("\n".join(out))
     print("Generating grub configuration file ...", file=sys.stderr)
@@ -367,14 +437,123 @@ def grub_set_default(args):
     grubenv_write(env)
 
 
-def grub_boot():
-    """What GRUB boots now (00_header consumes next_entry); returns (release, cmdline)."""
+class GrubScriptError(Exception):
+    pass
+
+
+def grub_device_path(spec, variables):
+    """(DEVICE)/PATH with $VAR/${VAR} expanded -> (writable, host path) of the file GRUB opens."""
+    spec = re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m[1], ""), spec)
+    m = re.fullmatch(r"\(([^)]*)\)(/.*)", spec)
+    if not m:
+        raise GrubScriptError(f"stand-in: only (DEVICE)/PATH files are modelled, not {spec!r}")
+    esp = grub_esp()
+    if esp and m[1] == "esp":
+        return True, ROOT / esp["path"].lstrip("/") / m[2].lstrip("/")
+    if m[1] == "root":  # the /boot filesystem: writable unless a disk abstraction or unwritable fs
+        return not grub_unwritable(), ROOT / m[2].lstrip("/")
+    raise GrubScriptError(f"no such device: {m[1]}")  # grub-core/kern/device.c: "disk `%s' not found"
+
+
+def grub_command(words, variables, modules):
+    """One GRUB command; returns its success (the exit status `if` tests)."""
+    cmd, args = words[0], words[1:]
+    if cmd == "insmod":
+        modules.update(args)
+        return True
+    if cmd == "set" and len(args) == 1 and "=" in args[0]:
+        k, v = args[0].split("=", 1)
+        variables[k] = re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m[1], ""), v.strip('"'))
+        return True
+    if cmd == "search":
+        opts = [a for a in args if a.startswith("-")]
+        rest = [a for a in args if not a.startswith("-")]
+        var = next((o.split("=", 1)[1] for o in opts if o.startswith("--set=")), "root")
+        if "--fs-uuid" not in opts or len(rest) != 1:
+            raise GrubScriptError(f"stand-in: only search --fs-uuid --set=VAR UUID is modelled: {words}")
+        host, esp = grub_host(), grub_esp()
+        fat_loaded = host.get("firmware") != "bios" or "fat" in modules
+        if esp and fat_loaded and rest[0].lower() == esp["fs_uuid"].lower():
+            variables[var] = "esp"
+            return True
+        if rest[0].lower() == host.get("fs_uuid", "").lower():
+            variables[var] = "root"
+            return True
+        log(f"grub: search: error: no such device: {rest[0]}")
+        return False
+    if cmd in ("load_env", "save_env"):
+        if not args or args[0] not in ("--file", "-f") or len(args) < 2:
+            raise GrubScriptError(f"stand-in: only {cmd} --file FILE is modelled here (00_header's is built in)")
+        writable, path = grub_device_path(args[1], variables)
+        names = args[2:]
+        if not path.is_file() or not path.read_text().startswith(ENVBLK_SIG):
+            log(f"grub: {cmd}: error: {'file not found' if not path.is_file() else 'invalid environment block'}")
+            return False
+        env = grubenv_read(path)
+        if cmd == "load_env":
+            for k, v in env.items():
+                if not names or k in names:
+                    variables[k] = v
+            return True
+        if not names:
+            log("grub: save_env: error: no variable is specified")
+            return False
+        if not writable:
+            log(f"grub: save_env: error: {grub_unwritable()}")
+            return False
+        for k in names:
+            if k in variables:
+                env[k] = variables[k]
+            else:
+                env.pop(k, None)
+        if not grubenv_write(env, path):
+            log("grub: save_env: error: environment block too small")
+            return False
+        return True
+    raise GrubScriptError(f"stand-in: unmodelled GRUB command {' '.join(words)!r}")
+
+
+def grub_script(lines, variables):
+    """Run the top-level script lines (outside menu entries) that /etc/grub.d snippets wrote."""
+    modules = set()
+    frames = []  # [parent_active, condition_result, in_else]
+
+    def active():
+        return all(f[0] and (f[1] != f[2]) for f in frames)
+
+    for raw in lines:
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"if (.*?) ?; then", line)
+        if m:
+            run = active()
+            cond = m[1]
+            result = False
+            if run:
+                t = re.fullmatch(r'\[ "\$\{(\w+)\}" \]', cond)
+                result = bool(variables.get(t[1])) if t else grub_command(shlex.split(cond), variables, modules)
+            frames.append([run, result, False])
+        elif line == "else":
+            frames[-1][2] = True
+        elif line == "fi":
+            frames.pop()
+        elif active():
+            grub_command(shlex.split(line), variables, modules)
+    if frames:
+        raise GrubScriptError("stand-in: unbalanced if/fi")
+
+
+def grub_boot(pick=""):
+    """What GRUB boots now (00_header consumes next_entry, then the snippets run); returns (release, cmdline)."""
     if not GRUB_CFG.exists():
         die("fake firmware: no grub.cfg (update-grub never ran): the machine does not boot")
     default, menu = grub_menu()
     env = grubenv_read()
+    variables = {}
     if env.get("next_entry"):
-        spec = env["next_entry"]
+        variables["default"] = env["next_entry"]
+        variables["boot_once"] = "true"
         why = grub_unwritable()
         if why:
             # save_env next_entry fails: GRUB prints the error and boots on; next_entry stays set.
@@ -383,7 +562,15 @@ def grub_boot():
             env["next_entry"] = ""  # set next_entry=; save_env next_entry
             grubenv_write(env)
     else:
-        spec = default.replace("${saved_entry}", env.get("saved_entry", ""))
+        variables["default"] = default.replace("${saved_entry}", env.get("saved_entry", ""))
+    variables["next_entry"] = ""
+    text = GRUB_CFG.read_text()
+    between = text.split("### END /etc/grub.d/00_header ###", 1)[-1].split("### BEGIN /etc/grub.d/10_linux ###")[0]
+    try:
+        grub_script(between.splitlines(), variables)
+    except GrubScriptError as e:
+        die(f"fake firmware: {e}")
+    spec = pick or variables["default"]
     if not menu:
         die("fake firmware: grub.cfg has no menu entry: the machine does not boot")
     item = grub_pick(menu, spec)
@@ -533,10 +720,12 @@ def listed(name, rel):
     return p.exists() and rel in p.read_text().split()
 
 
-def fake_reboot(_args):
+def fake_reboot(args):
     loader = first_line(D / "loader")
+    pick = args[1] if args[:1] == ["--pick"] and len(args) > 1 else ""
     for _attempt in range(5):
-        rel, cmd = sdboot_boot() if loader == "systemd-boot" else grub_boot()
+        rel, cmd = sdboot_boot() if loader == "systemd-boot" else grub_boot(pick)
+        pick = ""  # a choice on the console is for this boot only
         if listed("broken", rel):
             m = re.search(r"(?:^| )panic=(-?\d+)", cmd)
             if not m or m.group(1) == "0":
