@@ -166,7 +166,7 @@ def test_grub_probe_reports_the_abstraction(machine, capsys):
 def _install_oneshot(m, uuid=ESP_UUID, source=None):
     """Render the role's snippet as the role does and let update-grub put it into grub.cfg."""
     if source is None:
-        env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, keep_trailing_newline=True)
+        env = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined)
         source = env.get_template("01_gpu_node_oneshot.j2").render(
             _kernel_grub_esp_uuid=uuid.lower(), _kernel_grub_esp_dir="/boot/efi", _kernel_grub_esp_env=ENV
         )

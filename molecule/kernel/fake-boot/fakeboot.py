@@ -322,7 +322,9 @@ def update_grub(_args):
     snippets = sorted(
         p
         for p in (ROOT / "etc/grub.d").glob("*")
-        if p.is_file() and os.access(p, os.X_OK) and p.name not in ("00_header", "10_linux")
+        if p.is_file()
+        and os.access(p, os.X_OK)
+        and p.name not in ("00_header", "10_linux")
         and not p.name.endswith("~")
     )
 
@@ -331,8 +333,14 @@ def update_grub(_args):
             done = subprocess.run([str(p)], capture_output=True, text=True)
             if done.returncode:
                 die(f"update-grub: /etc/grub.d/{p.name} failed: {done.stderr.strip()}")
-            out.extend([f"### BEGIN /etc/grub.d/{p.name} ###", *done.stdout.splitlines(),
-                        f"### END /etc/grub.d/{p.name} ###", ""])
+            out.extend(
+                [
+                    f"### BEGIN /etc/grub.d/{p.name} ###",
+                    *done.stdout.splitlines(),
+                    f"### END /etc/grub.d/{p.name} ###",
+                    "",
+                ]
+            )
 
     run_snippets([p for p in snippets if p.name < "10_linux"])
     out.append("### BEGIN /etc/grub.d/10_linux ###")
@@ -483,11 +491,12 @@ def grub_command(words, variables, modules):
         return False
     if cmd in ("load_env", "save_env"):
         if not args or args[0] not in ("--file", "-f") or len(args) < 2:
-            raise GrubScriptError(f"stand-in: only {cmd} --file FILE is modelled here (00_header's is built in)")
+            raise GrubScriptError(f"stand-in: only {cmd} --file FILE is modelled (00_header's is built in)")
         writable, path = grub_device_path(args[1], variables)
         names = args[2:]
         if not path.is_file() or not path.read_text().startswith(ENVBLK_SIG):
-            log(f"grub: {cmd}: error: {'file not found' if not path.is_file() else 'invalid environment block'}")
+            why = "file not found" if not path.is_file() else "invalid environment block"
+            log(f"grub: {cmd}: error: {why}")
             return False
         env = grubenv_read(path)
         if cmd == "load_env":
@@ -532,7 +541,8 @@ def grub_script(lines, variables):
             result = False
             if run:
                 t = re.fullmatch(r'\[ "\$\{(\w+)\}" \]', cond)
-                result = bool(variables.get(t[1])) if t else grub_command(shlex.split(cond), variables, modules)
+                words = shlex.split(cond)
+                result = bool(variables.get(t[1])) if t else grub_command(words, variables, modules)
             frames.append([run, result, False])
         elif line == "else":
             frames[-1][2] = True
@@ -545,7 +555,7 @@ def grub_script(lines, variables):
 
 
 def grub_boot(pick=""):
-    """What GRUB boots now (00_header consumes next_entry, then the snippets run); returns (release, cmdline)."""
+    """What GRUB boots now (00_header consumes next_entry, then the snippets run): (release, cmdline)."""
     if not GRUB_CFG.exists():
         die("fake firmware: no grub.cfg (update-grub never ran): the machine does not boot")
     default, menu = grub_menu()
@@ -565,7 +575,8 @@ def grub_boot(pick=""):
         variables["default"] = default.replace("${saved_entry}", env.get("saved_entry", ""))
     variables["next_entry"] = ""
     text = GRUB_CFG.read_text()
-    between = text.split("### END /etc/grub.d/00_header ###", 1)[-1].split("### BEGIN /etc/grub.d/10_linux ###")[0]
+    between = text.split("### END /etc/grub.d/00_header ###", 1)[-1]
+    between = between.split("### BEGIN /etc/grub.d/10_linux ###")[0]
     try:
         grub_script(between.splitlines(), variables)
     except GrubScriptError as e:
