@@ -39,9 +39,10 @@ def _filled(tmp_path: Path, vault: bool = True) -> Path:
         text = text.replace("AAAA...REPLACE-with-the-controller's-public-key",
                             "AAAAC3NzaC1lZDI1NTE5AAAAIDx0dW1teWtleWZvcnRlc3RzMDAwMDAwMDAwMDAw")
         f.write_text(text)
-    if vault:  # what the encrypted vault file holds, in the clear for the test
+    if vault:  # what the encrypted vault file holds once filled in, in the clear for the test
         vault_file = inv / "group_vars/all/vault.yml"
-        vault_file.write_text((ROOT / "inventory/example/vault.example.yml").read_text())
+        example = (ROOT / "inventory/example/vault.example.yml").read_text()
+        vault_file.write_text(re.sub(r'^(vault_\w+): ".*"$', r'\1: "filled-\1"', example, flags=re.M))
     return inv
 
 
