@@ -32,6 +32,13 @@ config as JSON on stdin when a task of that kind runs; a non-zero exit fails the
 `lxc-start`. The lab uses it to make a real (podman) container for CT 200 (`pve_api_lab.py hook`, beside
 this file).
 
+`--dev-root DIR` is the host's / for the containers' `devN` paths: create, config and start stat each one
+there as pve-container does, and fail as it does when one is missing (see `Api._passthrough`); without it
+devN paths are not looked at (tests whose "host" has no /dev/nvidia*). `--boot` says that this
+start of the double is the host's boot: every CT was stopped by the shutdown, and pve-guests.service starts
+the onboot ones (see `Api.startall`) before the double answers, so a test runs the units ordered before
+pve-guests (nvidia-dev-nodes) between stopping the double and starting it with `--boot`.
+
 It is not Proxmox: storage is bookkeeping only, nothing is unpacked, and pending (hot-plug) config
 changes are applied at once.
 """
@@ -386,10 +393,13 @@ class Api:
         token_privsep: bool = False,
         token_acl: dict[str, set[str]] | None = None,
         bind_root: Path | None = None,
+        dev_root: Path | None = None,
     ) -> None:
         self.state = state
         # Where the host's filesystem is, for the bind mounts' source directories (None: not checked)
         self.bind_root = bind_root
+        # Where the host's / is for devN paths (None: not checked)
+        self.dev_root = dev_root
         self.token = token
         self.token_privsep = token_privsep
         self.token_acl = {(k.rstrip("/") or "/"): set(v) for k, v in (token_acl or {}).items()}
@@ -613,6 +623,7 @@ class Api:
         check_ct_modify_config_perm(
             user, None, rest, [], unpriv, lambda path, privs: self.check(user, path, privs), vmid
         )
+        self._check_devices(rest)
         if "rootfs" not in rest:  # the default rootfs goes on `storage` (line 356)
             self.check(user, f"/storage/{p.get('storage', 'local')}", ["Datastore.AllocateSpace"])
         tstore, _, _tname = p["ostemplate"].partition(":")
@@ -655,6 +666,7 @@ class Api:
         checker = lambda path, privs: self.check(user, path, privs)  # noqa: E731
         check_ct_modify_config_perm(user, cfg, {}, delete, unpriv, checker, v["vmid"])
         check_ct_modify_config_perm(user, cfg, new, [], unpriv, checker, v["vmid"])
+        self._check_devices(new)
         for key in delete:
             cfg.pop(key, None)
         for key, val in p.items():
@@ -720,10 +732,51 @@ class Api:
                     out.append(f"directory '{vol}' does not exist")
         return out
 
+    def _passthrough(self, cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+        """The devN nodes a start gives the container, and the first devN path that does not exist.
+
+        Every stat of a devN path is pve-container's PVE::LXC::Tools::get_device_mode_and_rdev (commit
+        94f5585, src/PVE/LXC/Tools.pm 157-169): "Device PATH does not exist" when stat fails with ENOENT,
+        "PATH is not a device" for another file. vm_start calls update_lxc_config (src/PVE/LXC.pm 3125-
+        3137), which stats each devN path for its cgroup2 devices.allow line (lines 777-790) before
+        `systemctl start pve-container@VMID`: a missing node fails the start task there, with that message
+        as its status, and lxc-start never runs. Only a node that goes between that and the prestart hook
+        meets the hook's own check ("Could not get mode or device ID of PATH", src/lxc-pve-prestart-hook
+        161-168); the double does not model that race. Then the hook makes each node (passthrough_node).
+        Both walk the devN keys in Perl's hash order (PVE/LXC/Config.pm foreach_passthrough_device, `keys
+        %$conf`), so which of several missing paths is named varies from start to start; the double goes in
+        devN order. Without --dev-root nothing is looked at."""
+        made: list[dict[str, Any]] = []
+        if self.dev_root is None:
+            return made, None
+        idmap = id_map(cfg)
+        for key in sorted((k for k in cfg if re.fullmatch(r"dev\d+", k)), key=lambda k: int(k[3:])):
+            path = _split_prop(str(cfg[key]), "path")["path"]
+            try:
+                st = os.stat(self.dev_root / path.lstrip("/"))  # stat() follows links, as Perl's does
+            except FileNotFoundError:
+                return made, path
+            made.append(passthrough_node(str(cfg[key]), st.st_mode, st.st_rdev, idmap))
+        return made, None
+
+    def _check_devices(self, new: dict[str, Any]) -> None:
+        """update_pct_config (src/PVE/LXC/Config.pm 1376-1383, run by create_vm before its worker, and by
+        the config PUT): a devN whose path does not exist is refused, HTTP 500."""
+        _made, absent = self._passthrough({k: x for k, x in new.items() if re.fullmatch(r"dev\d+", k)})
+        if absent is not None:
+            raise ApiError(500, f"Device {absent} does not exist")
+
     def _set_status(self, v: dict[str, str], user: str, kind: str, status: str) -> str:
         ct = self._ct(v["vmid"])
         if kind == "vzstart" and ct["status"] == "running":
             raise ApiError(500, f"CT {v['vmid']} already running")
+        if kind == "vzstart":
+            made, absent = self._passthrough(ct["config"])
+            if absent is not None:  # update_lxc_config's die, before lxc-start
+                ct.pop("passthrough", None)
+                return self.state.task(kind, v["vmid"], user, f"Device {absent} does not exist")
+            if self.dev_root is not None:  # /var/lib/lxc/VMID/passthrough: the nodes the CT is given
+                ct["passthrough"] = made
         missing = self._missing_bind_dirs(ct["config"]) if kind == "vzstart" else []
         if missing:  # what `pct start` prints: the hook's error, then lxc-start's
             self.hook_errors[str(v["vmid"])] = [*missing, f"startup for container '{v['vmid']}' failed"]
@@ -735,6 +788,42 @@ class Api:
 
     def lxc_start(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
         return self._set_status(v, user, "vzstart", "running")
+
+    def boot(self) -> str:
+        """The host has rebooted: its shutdown stopped every CT (pve-guests' ExecStop, `pvesh create
+        /nodes/localhost/stopall`), and the units ordered before pve-guests.service have run; now
+        pve-guests starts the onboot CTs (startall). The startall task's UPID."""
+        for ct in self.state.data["cts"].values():
+            ct["status"] = "stopped"
+            ct.pop("passthrough", None)  # /var/lib/lxc/VMID/passthrough is a tmpfs
+        return self.startall("root@pam")
+
+    def startall(self, user: str) -> str:
+        """pve-guests.service's `pvesh --nooutput create /nodes/localhost/startall` (pve-manager
+        services/pve-guests.service; PVE/API2/Nodes.pm startall and get_start_stop_list, commit 14a22df):
+        the guests with onboot=1, by `startup` order (none: last) then VMID, each not yet running started
+        as vm_start does. Its task log: "Starting CT VMID", and "Starting CT VMID failed: STATUS" for a
+        start task that failed (finish_worker); a failed guest start does not fail startall. pvesh runs as
+        root@pam. HA-managed guests, which startall skips, are not modelled."""
+        order = []
+        for vmid, ct in self.state.data["cts"].items():
+            cfg = ct["config"]
+            if str(cfg.get("onboot", "0")) not in ("1", "true", "yes", "on"):
+                continue
+            startup = _split_prop(str(cfg["startup"]), "order") if cfg.get("startup") else {}
+            order.append((int(startup.get("order") or 2**63 - 1), int(vmid)))  # LONG_MAX when unset
+        upid = self.state.task("startall", "", user)
+        log: list[str] = []
+        for _order, vmid in sorted(order):
+            if self.state.data["cts"][str(vmid)]["status"] == "running":
+                continue
+            log.append(f"Starting CT {vmid}")
+            started = self._set_status({"vmid": str(vmid)}, user, "vzstart", "running")
+            status = self.state.data["tasks"][started]["exitstatus"]
+            if status != "OK":
+                log.append(f"Starting CT {vmid} failed: {status}")
+        self.state.data["tasks"][upid]["log"] = log
+        return upid
 
     def lxc_stop(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
         return self._set_status(v, user, "vzstop", "stopped")
@@ -800,7 +889,9 @@ class Api:
     def task_log(self, user: str, v: dict[str, str], p: dict[str, str]) -> Any:
         t = self._task(v)
         lines = [f"starting {t['type']} {t['id']}"]
-        if t["exitstatus"] != "OK":
+        if "log" in t:  # what the task printed, where the double models it
+            lines += t["log"]
+        elif t["exitstatus"] != "OK":
             lines += self.hook_errors.get(str(t["id"]), [])
         lines.append(f"TASK {t['exitstatus']}")
         return [{"n": i + 1, "t": line} for i, line in enumerate(lines)]
@@ -896,9 +987,18 @@ def serve(
     token_privsep: bool = False,
     token_acl: dict[str, set[str]] | None = None,
     bind_root: Path | None = None,
+    dev_root: Path | None = None,
+    boot: bool = False,
 ) -> ThreadingHTTPServer:
-    """Build the HTTPS server (call `.serve_forever()`); port 0 picks a free one (`.server_address`)."""
-    api = Api(State(state, node, pve_dir), token, root_password, hook, token_privsep, token_acl, bind_root)
+    """Build the HTTPS server (call `.serve_forever()`); port 0 picks a free one (`.server_address`).
+    With `boot`, the host's boot has just happened: pve-guests' startall has run when this returns."""
+    api = Api(
+        State(state, node, pve_dir), token, root_password, hook, token_privsep, token_acl, bind_root, dev_root
+    )
+    if boot:
+        with api.state.lock:
+            api.boot()
+            api.state.save()
     httpd = ThreadingHTTPServer((host, port), make_handler(api, log))
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
@@ -933,6 +1033,10 @@ def main() -> None:
     )
     ap.add_argument("--bind-root", type=Path, default=None,
                     help="the host's / for bind-mount sources: vzstart fails on a missing one, as in PVE")
+    ap.add_argument("--dev-root", type=Path, default=None,
+                    help="the host's / for devN paths: vzstart fails on a missing one, as in PVE")
+    ap.add_argument("--boot", action="store_true",
+                    help="this start is the host's boot: pve-guests starts the onboot CTs (startall)")
     a = ap.parse_args()
     if "!" not in a.token or "=" not in a.token:
         ap.error("--token must look like user@realm!tokenid=SECRET")
@@ -957,6 +1061,8 @@ def main() -> None:
         bool(a.token_privsep),
         acl,
         a.bind_root,
+        a.dev_root,
+        a.boot,
     )
     print(f"pve_api double on https://{a.host}:{httpd.server_address[1]}", flush=True)
     httpd.serve_forever()

@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,9 @@ class PveDouble:
         root_password: str = ROOT_PASSWORD,
         token_privsep: bool = False,
         token_acl: dict[str, list[str]] | None = None,
+        dev_root: Path | None = None,
     ) -> None:
+        self.dev_root = dev_root  # the host's / for devN paths (pve_api.py --dev-root); None: not checked
         self.token_privsep = token_privsep
         self.token_acl = token_acl or {}
         self.dir = directory
@@ -109,7 +112,8 @@ class PveDouble:
         self.root_password = root_password
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 15.0) -> None:
+    def start(self, timeout: float = 15.0, boot: bool = False) -> None:
+        """Start the double; `boot`: this start is the host's boot (pve-guests starts the onboot CTs)."""
         self._proc = subprocess.Popen(
             [
                 sys.executable,
@@ -137,6 +141,8 @@ class PveDouble:
                 # The role's "host" is this machine: bind-mount sources are checked on its filesystem.
                 "--bind-root",
                 "/",
+                *(["--dev-root", str(self.dev_root)] if self.dev_root is not None else []),
+                *(["--boot"] if boot else []),
                 *[
                     a
                     for path, privs in self.token_acl.items()
@@ -168,6 +174,14 @@ class PveDouble:
             self._proc.terminate()
             self._proc.wait(timeout=10)
             self._proc = None
+
+    def reboot(self, before_guests: Callable[[], None]) -> None:
+        """A host reboot: the host goes down (the double stops, its CTs with it), `before_guests` runs the
+        boot's units ordered before pve-guests.service, then the double starts as the booted host's API,
+        pve-guests having started the onboot CTs."""
+        self.stop()
+        before_guests()
+        self.start(boot=True)
 
     def state(self) -> dict[str, Any]:
         return json.loads(self.state_path.read_text())
