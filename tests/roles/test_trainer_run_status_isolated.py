@@ -19,7 +19,8 @@ def _status_argv(venv: Path, config: Path) -> list[str]:
     tasks = yaml.safe_load(STATUS.read_text())
     task = next(t for t in tasks if "python -m trainer status" in t["name"])
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    values = {"trainer_run_user": "trainer", "trainer_run_venv": str(venv), "_trainer_run_config": str(config),
+    values = {"trainer_run_user": "trainer", "trainer_run_venv": str(venv),
+              "_trainer_run_config": str(config),
               "_trainer_run_overrides_file": str(config.with_suffix(".overrides.yml"))}
     return [env.from_string(str(a)).render(values) for a in task["ansible.builtin.command"]["argv"]]
 
