@@ -188,3 +188,24 @@ def test_an_hf_source_without_a_commit_is_refused_before_any_change(
         in res.output
     )
     assert not (tmp_path / "models").exists() and not (tmp_path / "libexec").exists()
+
+
+def test_a_link_the_owner_plants_does_not_give_its_target_away(work: Path, hub: dict[str, str]) -> None:
+    """The model's owner deletes the manifest (so verify fails and root chowns the directory before the
+    fetch) and plants a link to a root-only file: root changes the link, never the file it points to."""
+    tmp_path = work
+    (tmp_path / "models").mkdir()
+    (tmp_path / "hf_home").mkdir()
+    shutil.chown(tmp_path / "hf_home", "daemon")
+    dest = tmp_path / "models" / "tiny"
+    assert run_role(tmp_path / "run1", _vars(tmp_path, hub), role="model").rc == 0
+    secret = tmp_path / "root-only"
+    secret.write_text("root's\n")
+    secret.chmod(0o600)
+    (dest / ".model.json").unlink()
+    (dest / "planted").symlink_to(secret)
+    again = run_role(tmp_path / "run2", _vars(tmp_path, hub), role="model")
+    assert again.rc == 0, again.output[-3000:]
+    st = secret.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600), "root followed the owner's link"
+    assert (dest / "planted").lstat().st_uid == dest.stat().st_uid != 0  # the link itself is the owner's
