@@ -209,3 +209,48 @@ def test_a_link_the_owner_plants_does_not_give_its_target_away(work: Path, hub: 
     st = secret.stat()
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600), "root followed the owner's link"
     assert (dest / "planted").lstat().st_uid == dest.stat().st_uid != 0  # the link itself is the owner's
+
+
+def test_the_token_reaches_no_command_line_and_no_verbose_output(work: Path, hub: dict[str, str]) -> None:
+    """The fetch gets its secret on standard input: `ps` during the run and ansible-playbook -vvv (which
+    prints every remote command line, and a task's `environment:` is part of it) never show the token, and
+    an hf:// fetch is not given the S3 keys at all."""
+    import threading
+
+    tmp_path = work
+    (tmp_path / "models").mkdir()
+    (tmp_path / "hf_home").mkdir()
+    shutil.chown(tmp_path / "hf_home", "daemon")
+    secrets = {"model_hf_token": "hf_tokenSEEN7f3a", "model_s3_access_key_id": "AKIAKEYSEEN7f3a",
+               "model_s3_secret_access_key": "s3secretSEEN7f3a"}
+    varfile = tmp_path / "vars.json"
+    varfile.write_text(json.dumps({"ansible_python_interpreter": sys.executable, **_vars(tmp_path, hub),
+                                   **secrets}))
+    play = tmp_path / "play.yml"
+    play.write_text("- name: Fetch\n  hosts: localhost\n  gather_facts: false\n  roles: [model]\n")
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCALHOST_WARNING="false")
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch_ps() -> None:
+        while not done.is_set():
+            out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+            seen.extend(line for line in out.splitlines() if "SEEN7f3a" in line)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch_ps)
+    t.start()
+    try:
+        playbook = str(Path(sys.executable).with_name("ansible-playbook"))
+        r = subprocess.run([playbook, "-vvv", "-i", "localhost,", "-c", "local", str(play),
+                            "-e", f"@{varfile}"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        done.set()
+        t.join()
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "Fetch the model from hf://org/tiny@" in r.stdout
+    assert (tmp_path / "models" / "tiny" / ".model.json").is_file()
+    assert "SEEN7f3a" not in r.stdout + r.stderr
+    assert seen == [], "a secret was on a command line during the run"

@@ -18,7 +18,10 @@ used, and safepath.py (copied next to this file; trainer/safepath.py in the repo
 every S3 key, repository file name or source file whose path would leave DEST: an absolute part, `..`,
 a symlink pointing out. Every name is checked before anything is written. S3 credentials come from the
 environment (AWS_*, and S3_ENDPOINT_URL for non-AWS endpoints); the HF token from HF_TOKEN, the Hub's
-address from HF_ENDPOINT. Errors name the model and the fix: a revision the repository lacks, a
+address from HF_ENDPOINT. `fetch --secrets-stdin` reads the secrets instead as one JSON object on standard
+input ({"HF_TOKEN": ..., "AWS_ACCESS_KEY_ID": ..., "AWS_SECRET_ACCESS_KEY": ..., "AWS_SESSION_TOKEN": ...}),
+so they are on no command line and in no parent's environment (role model passes them so).
+Errors name the model and the fix: a revision the repository lacks, a
 repository that does not exist or refuses the token, a bucket the credentials cannot read, no space.
 """
 
@@ -275,12 +278,35 @@ def stage(src: Path, dest: Path) -> dict[str, int]:
     return fetch(str(src), dest)
 
 
+SECRET_NAMES = ("HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def secrets_from(text: str) -> dict[str, str]:
+    """The secrets a JSON object on stdin gives (empty values dropped); ModelError naming what is wrong."""
+    try:
+        given = json.loads(text or "{}")
+    except json.JSONDecodeError as e:
+        raise ModelError(f"--secrets-stdin: standard input is not a JSON object ({e.msg})") from None
+    if not isinstance(given, dict):
+        raise ModelError("--secrets-stdin: standard input is not a JSON object")
+    unknown = sorted(set(given) - set(SECRET_NAMES))
+    if unknown:
+        raise ModelError(f"--secrets-stdin: unknown name(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(SECRET_NAMES)})")
+    bad = sorted(k for k, v in given.items() if not isinstance(v, str))
+    if bad:
+        raise ModelError(f"--secrets-stdin: {', '.join(bad)} must be a string")
+    return {k: v for k, v in given.items() if v}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch")
     f.add_argument("source")
     f.add_argument("dest", type=Path)
+    f.add_argument("--secrets-stdin", action="store_true",
+                   help="read HF_TOKEN / AWS_* as one JSON object on standard input")
     v = sub.add_parser("verify")
     v.add_argument("dest", type=Path)
     v.add_argument("--source", default=None)
@@ -290,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.cmd == "fetch":
+            if args.secrets_stdin:
+                os.environ.update(secrets_from(sys.stdin.read()))
             files = fetch(args.source, args.dest)
         elif args.cmd == "stage":
             files = stage(args.src, args.dest)
