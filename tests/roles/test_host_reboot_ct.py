@@ -82,7 +82,10 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
     exe = shutil.which("ansible-playbook") or str(Path(sys.executable).with_name("ansible-playbook"))
     proc = subprocess.run(
         [exe, "-i", "localhost,", str(play), "-e", f"ansible_python_interpreter={sys.executable}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
@@ -168,7 +171,9 @@ def run_script(root: Path, pve_dir: Path) -> subprocess.CompletedProcess[str]:
     )
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -203,7 +208,10 @@ class Host:
         self.pve.state_path.parent.mkdir(parents=True, exist_ok=True)
         self.pve.state_path.write_text(json.dumps(state))
         self.api = lambda: ProxmoxAPI(  # a new session after each reboot
-            "127.0.0.1", port=self.pve.port, user="root@pam", password=self.pve.root_password,
+            "127.0.0.1",
+            port=self.pve.port,
+            user="root@pam",
+            password=self.pve.root_password,
             verify_ssl=str(self.pve.ca),
         )
         self.results: list[subprocess.CompletedProcess[str]] = []
@@ -232,8 +240,11 @@ class Host:
         return next(t for t in state["tasks"].values() if t["type"] == "startall")
 
     def ct_start_task(self, vmid: int) -> str:
-        starts = [(t["pid"], u) for u, t in self.pve.state()["tasks"].items()
-                  if t["type"] == "vzstart" and t["id"] == str(vmid)]
+        starts = [
+            (t["pid"], u)
+            for u, t in self.pve.state()["tasks"].items()
+            if t["type"] == "vzstart" and t["id"] == str(vmid)
+        ]
         return max(starts)[1]
 
 
@@ -264,8 +275,11 @@ def test_the_unit_runs_before_pve_guests_as_a_oneshot(rendered: Path) -> None:
     assert "pve-guests.service" in unit["Install"]["WantedBy"].split()
     # ExecStart runs the script where role nvidia_open installs it
     tasks = yaml.safe_load((REPO / "roles" / "nvidia_open" / "tasks" / "system.yml").read_text())
-    dest = next(t["ansible.builtin.template"]["dest"] for t in tasks
-                if t.get("ansible.builtin.template", {}).get("src") == "nvidia-dev-nodes.sh.j2")
+    dest = next(
+        t["ansible.builtin.template"]["dest"]
+        for t in tasks
+        if t.get("ansible.builtin.template", {}).get("src") == "nvidia-dev-nodes.sh.j2"
+    )
     assert unit["Service"]["ExecStart"] == dest
 
 
@@ -279,9 +293,13 @@ def test_ct200_runs_after_a_reboot_with_its_gpu_nodes(installed: Host) -> None:
     assert host.startall()["log"] == ["Starting CT 200"]
     given = {d["path"]: (d["type"], d["major"], d["minor"]) for d in state["cts"]["200"]["passthrough"]}
     want = {f"/dev/nvidia{i}": ("c", 195, i) for i in range(GPUS)}
-    want |= {"/dev/nvidiactl": ("c", 195, 255), "/dev/nvidia-uvm": ("c", 509, 0),
-             "/dev/nvidia-uvm-tools": ("c", 509, 1), "/dev/nvidia-caps/nvidia-cap1": ("c", 238, 1),
-             "/dev/nvidia-caps/nvidia-cap2": ("c", 238, 2)}
+    want |= {
+        "/dev/nvidiactl": ("c", 195, 255),
+        "/dev/nvidia-uvm": ("c", 509, 0),
+        "/dev/nvidia-uvm-tools": ("c", 509, 1),
+        "/dev/nvidia-caps/nvidia-cap1": ("c", 238, 1),
+        "/dev/nvidia-caps/nvidia-cap2": ("c", 238, 2),
+    }
     assert given == want
     # made for the unprivileged CT: its root (host uid 100000) and group video (44 -> 100044), 0660
     assert {(d["uid"], d["gid"], d["mode"]) for d in state["cts"]["200"]["passthrough"]} == {
@@ -301,8 +319,10 @@ def test_without_nvidiactl_ct200_stays_stopped(installed: Host) -> None:
     assert (host.root / "dev" / "nvidia7").is_char_device()
     assert host.pve.state()["cts"]["200"]["status"] == "stopped"
     # Perl's hash order picks which missing devN pve-container meets first: any is one the unit did not make.
-    failed = {f"Device {path} does not exist" for path in
-              ("/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2")}
+    failed = {
+        f"Device {path} does not exist"
+        for path in ("/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2")
+    }
     log = host.startall()["log"]
     assert log[0] == "Starting CT 200" and len(log) == 2, log
     assert log[1].removeprefix("Starting CT 200 failed: ") in failed, log
@@ -330,8 +350,11 @@ def test_the_unit_fails_naming_each_missing_node(installed: Host) -> None:
     named = sorted(line for line in res.stderr.splitlines() if "CT " in line)  # the config's key order
     assert named == [
         f"nvidia-dev-nodes: {path} is missing: CT {vmid} (onboot) names it, and will not start"
-        for path, vmid in [("/dev/nvidia-caps/nvidia-cap130", 201), ("/dev/nvidia-uvm", 200),
-                           ("/dev/nvidia-uvm-tools", 200)]
+        for path, vmid in [
+            ("/dev/nvidia-caps/nvidia-cap130", 201),
+            ("/dev/nvidia-uvm", 200),
+            ("/dev/nvidia-uvm-tools", 200),
+        ]
     ], res.stderr
     assert "nvidia-uvm is not in /proc/devices" in res.stderr, res.stderr
     assert (host.root / "dev" / "nvidiactl").is_char_device()
