@@ -92,11 +92,13 @@ def _ip(name: str, network: str) -> str:
 
 
 def _host_stat(host: str, path: str) -> tuple[int, int]:
-    """(st_mode, st_rdev) of `path` in container `host` (the Proxmox host's /dev), as the prestart hook
-    stats it; Proxmox's message when it cannot."""
+    """(st_mode, st_rdev) of `path` in container `host` (the Proxmox host's /dev), as Proxmox stats it at
+    every start; its message when the path is missing: vm_start's update_lxc_config refuses the start
+    before lxc-start runs (pve-container PVE::LXC::Tools::get_device_mode_and_rdev; see
+    pve_api.Api._passthrough)."""
     proc = _podman("exec", host, "stat", "-L", "-c", "%f %t %T", path, check=False)
     if proc.returncode != 0:
-        raise SystemExit(f"Could not get mode or device ID of {path}")
+        raise SystemExit(f"Device {path} does not exist")
     mode, major, minor = proc.stdout.split()
     return int(mode, 16), os.makedev(int(major, 16), int(minor, 16))
 
