@@ -135,6 +135,21 @@ def test_a_placeholder_is_refused_before_any_request(
     assert calls(pve) == []  # nothing was sent
 
 
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("preflight_pve_api_token_id", "root@pam!ansible"), ("preflight_pve_api_user", "root")],
+)
+def test_a_malformed_user_or_token_id_is_refused_before_any_request(
+    pve: PveDouble, tmp_path: Path, var: str, value: str
+) -> None:
+    """The full token id in the token id, or a user without its realm (Proxmox's USER@REALM!TOKENID)."""
+    res = check(pve, tmp_path, [], **{var: value})
+    assert res.rc != 0
+    fail = " ".join(res.failures)
+    assert "must read USER@REALM" in fail and var.replace("preflight_", "") in fail, res.failures
+    assert calls(pve) == []
+
+
 def test_an_unreachable_api_names_the_url_and_why_it_is_needed(pve: PveDouble, tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
