@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -69,9 +69,14 @@ def resolve_runtime(device: str = "auto", dtype: str = "bfloat16", target_gpus: 
 
 
 def autocast(rt: Runtime) -> contextlib.AbstractContextManager[Any]:
-    """bf16 autocast on GPU (fp32 master weights stay in the optimizer); nothing on CPU."""
-    if rt.device.type == "cuda" and rt.dtype != torch.float32:
-        return torch.autocast("cuda", dtype=rt.dtype)
+    """Autocast to `rt.dtype` (bf16 on GPU; fp32 master weights stay in the optimizer), nothing for float32.
+
+    `resolve_runtime` gives a CPU runtime float32, so CPU training runs without autocast; the GPU checks'
+    CPU mode (tests/dflash/test_gpu.py, bench/gpu_dflash.py) builds a bf16 CPU runtime to run the bf16
+    path at tiny size: torch's CPU autocast has bf16 kernels for the same ops (matmul, linear, SDPA).
+    """
+    if rt.dtype != torch.float32:
+        return torch.autocast(rt.device.type, dtype=rt.dtype)
     return contextlib.nullcontext()
 
 
@@ -247,6 +252,30 @@ def create_block_mask_fn(device: torch.device) -> Callable[..., Any]:
     from torch.nn.attention.flex_attention import create_block_mask
 
     return _compiled_fn(create_block_mask, device)
+
+
+@contextlib.contextmanager
+def cpu_flex_compile() -> Iterator[None]:
+    """Compiled flex attention with a backward on CPU, for the GPU checks' CPU mode (restored on exit).
+
+    The same functions as on GPU (`flex_attention_fn`, `create_block_mask_fn`, fullgraph, the recompile
+    budget) compiled with "aot_eager": dynamo and AOT autograd for real, flex's math kernels instead of
+    inductor's fused ones. Inductor's CPU backend is not used: torch 2.13 compiles each flex graph in
+    10-50 s on two cores, and its lowering of `create_block_mask` with the DFlash mask fails
+    ("vr must not be None for symbol q1", torch/fx/experimental/symbolic_shapes.py) where the mask_mod
+    clamps an index. torch refuses flex backward on CPU (flex_attention.py `_validate_device`: its CPU
+    kernel has none); under aot_eager the flex HOP's math backward runs, so the check is lifted here.
+    """
+    import torch.nn.attention.flex_attention as fa
+
+    validate, backend = fa._validate_device, _COMPILE_BACKEND
+    fa._validate_device = lambda q, k, v: None  # type: ignore[assignment]
+    set_compile_backend("aot_eager")
+    try:
+        yield
+    finally:
+        fa._validate_device = validate  # type: ignore[assignment]
+        set_compile_backend(backend)
 
 
 def fla_present() -> bool:

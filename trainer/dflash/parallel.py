@@ -4,8 +4,9 @@
   The fp32 master weights, their gradients and AdamW's moments are sharded across the ranks (1/world
   each: about 3.5 GB per rank for the Qwen3.6-27B drafter on 8 ranks, against 27.7 GB replicated), so the
   frozen target and its drafter share one GPU. On GPU the parameters are gathered in bf16 and gradients
-  reduced in fp32 (``MixedPrecisionPolicy``); they stay gathered from forward to backward
-  (``reshard_after_forward=False``: one all-gather per micro-batch, ZeRO-2's trade).
+  reduced in fp32 (``MixedPrecisionPolicy``; also on a bf16 CPU runtime, the GPU checks' CPU mode); they
+  stay gathered from forward to backward (``reshard_after_forward=False``: one all-gather per
+  micro-batch, ZeRO-2's trade).
 - ``ddp``: a full replica and optimizer state per rank, gradients all-reduced.
 - ``none``, or a single process: the plain module.
 
@@ -43,7 +44,7 @@ def shard(drafter: nn.Module, rt: dev.Runtime) -> nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
-    if rt.device.type == "cuda" and rt.dtype != torch.float32:
+    if rt.dtype != torch.float32:  # a bf16 runtime: on GPU, or the GPU checks' CPU mode (gloo)
         mp = MixedPrecisionPolicy(param_dtype=rt.dtype, reduce_dtype=torch.float32)
     for layer in drafter.layers:  # type: ignore[attr-defined]
         fully_shard(layer, mp_policy=mp, reshard_after_forward=False)
