@@ -12,6 +12,7 @@
 #    SDPA (--flex off) so the minutes on the GPU still give figures, and the script exits 1.
 #    --cpu: --tiny on CPU (SDPA: the flex path is step 1's), one rank and two ranks, over gloo.
 # Figures: OUT_DIR/gpu_dflash-*.json. Everything printed is also in OUT_DIR/gpu_check.log.
+# PYTHON names the interpreter (default: python on PATH, the activated venv's).
 set -uo pipefail
 cpu=0
 if [ "${1:-}" = "--cpu" ]; then
@@ -22,6 +23,7 @@ out=${1:?usage: bench/gpu_check.sh [--cpu] OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
+py=${PYTHON:-python}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 log="$out/gpu_check.log"
 : >"$log"
@@ -33,21 +35,21 @@ step() {
   [ "$s" -eq 0 ] || { echo "FAILED (exit $s): $*" | tee -a "$log"; rc=1; }
   return "$s"
 }
-pytest_gpu=(python -m pytest -v -ra -m gpu tests/dflash/test_gpu.py -p no:cacheprovider
+pytest_gpu=("$py" -m pytest -v -ra --durations=0 -m gpu tests/dflash/test_gpu.py -p no:cacheprovider
   --junitxml="$out/gpu_pytest.xml")
 if [ "$cpu" -eq 1 ]; then
-  step python -c 'import torch; print("torch", torch.__version__, "(CPU mode of the GPU checks)")'
+  step "$py" -c 'import torch; print("torch", torch.__version__, "(CPU mode of the GPU checks)")'
   step env GPU_CHECK_DEVICE=cpu "${pytest_gpu[@]}"
-  step python bench/gpu_dflash.py --tiny --out "$out"
-  step python bench/gpu_dflash.py --tiny --ranks 2 --out "$out"
+  step "$py" bench/gpu_dflash.py --tiny --out "$out"
+  step "$py" bench/gpu_dflash.py --tiny --ranks 2 --out "$out"
   exit $rc
 fi
 step nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-step python -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+step "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 step env GPU_CHECK_DEVICE=cuda "${pytest_gpu[@]}"
-step python bench/gpu_dflash.py --out "$out" || step python bench/gpu_dflash.py --flex off --out "$out"
-gpus=$(python -c 'import torch; print(torch.cuda.device_count())')
+step "$py" bench/gpu_dflash.py --out "$out" || step "$py" bench/gpu_dflash.py --flex off --out "$out"
+gpus=$("$py" -c 'import torch; print(torch.cuda.device_count())')
 if [ "${gpus:-0}" -ge 2 ]; then
-  step python bench/gpu_dflash.py --ranks 2 --out "$out"
+  step "$py" bench/gpu_dflash.py --ranks 2 --out "$out"
 fi
 exit $rc
