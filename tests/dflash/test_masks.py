@@ -2,13 +2,14 @@
 torch 2.13), and no leak: a block's output does not depend on tokens after its anchor."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trainer.dflash import device as dev
 from trainer.dflash.blocks import sample_anchors
 from trainer.dflash.config import DrafterConfig, LossConfig
 from trainer.dflash.drafter import build_drafter
-from trainer.dflash.masks import AttentionMasks, MaskSpec, attend, dense_mask, flex_block_mask
+from trainer.dflash.masks import AttentionMasks, MaskSpec, _allowed, attend, dense_mask, flex_block_mask
 from trainer.dflash.step import collate, dflash_forward
 from trainer.dflash.target import TargetModel
 from trainer.dflash.tiny import build_tiny_model
@@ -129,3 +130,22 @@ def test_block_output_does_not_depend_on_tokens_after_its_anchor() -> None:
     z = x.clone()
     z[0, a - 1] = (z[0, a - 1] + 1) % 500  # a context token before the anchor does matter
     assert not torch.allclose(block_hidden(x), block_hidden(z), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_the_block_mask_predicate() -> None:
+    """On a GPU, create_block_mask runs compiled by inductor; its value-range analysis must be able to bound
+    every index expression of the predicate (a clamp on `kv - S` made it fail: "vr must not be None for
+    symbol q1"). Inductor's CPU backend runs the same analysis: the compiled mask equals the eager one."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    spec = MaskSpec(block_size=8, ctx_len=128, window=32, block_causal=True)
+    anchors = torch.tensor([[10, 40, 90, 120]])
+
+    def mod(b, h, q, kv):
+        return _allowed(spec, anchors, b, q, kv)
+
+    eager = create_block_mask(mod, 1, None, 32, 160, device="cpu", BLOCK_SIZE=16)
+    compiled = torch.compile(create_block_mask, backend="inductor")(mod, 1, None, 32, 160, device="cpu",
+                                                                     BLOCK_SIZE=16)
+    assert torch.equal(eager.to_dense(), compiled.to_dense())

@@ -43,7 +43,9 @@ def _allowed(spec: MaskSpec, anchors: torch.Tensor, b: torch.Tensor, q: torch.Te
     ctx_ok = is_ctx & (kv < a)
     if spec.window > 0:
         ctx_ok = ctx_ok & ((a + i - kv) < spec.window)
-    kb = (kv - s).clamp(min=0)
+    # Negative on the context columns, which ~is_ctx drops. No clamp: with one, inductor's compile of
+    # create_block_mask fails ("vr must not be None for symbol q1", torch 2.13).
+    kb = kv - s
     blk_ok = (~is_ctx) & (kb // bsz == j)
     if spec.block_causal:
         blk_ok = blk_ok & (kb % bsz <= i)
