@@ -159,7 +159,8 @@ def grub_editenv(args):
         return
     env = grubenv_read(path)
     if op == "list":
-        print("\n".join(f"{k}={v}" for k, v in env.items()))
+        for k, v in env.items():  # an empty block lists nothing
+            print(f"{k}={v}")
         return
     if op == "set":
         for kv in rest:

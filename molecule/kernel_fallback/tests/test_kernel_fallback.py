@@ -170,7 +170,7 @@ def test_boot_sequence_of_each_loader(name, state):
     after_install = state["calls"][state["calls"].index(f"zz-fake-boot {NEW} /boot/vmlinuz-{NEW}") + 1 :]
     if name == "zfs-refused":
         # Refused before any reboot: the only reboot is the simulated power cut (boot_zfs.yml does the rest).
-        assert after_install[:3] == [f"reboot -> {old}", "attempt 0", *probe]
+        assert after_install[:4] == [f"reboot -> {old}", "attempt 0", *probe]
         boots = [c for c in after_install if c.startswith(("reboot ", "grub-reboot", "grub-set-default"))]
         assert boots == [f"reboot -> {old}"]
         return
