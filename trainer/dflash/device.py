@@ -260,13 +260,12 @@ def cpu_flex_compile() -> Iterator[None]:
 
     The same functions as on GPU (`flex_attention_fn`, `create_block_mask_fn`, fullgraph, the recompile
     budget) compiled with "aot_eager": dynamo and AOT autograd for real, flex's math kernels instead of
-    inductor's fused ones. Inductor's CPU backend is not used: torch 2.13 took 10-50 s per flex graph on
-    two shared cores, and its lowering of `create_block_mask` with the DFlash mask fails ("vr must not be
-    None for symbol q1", torch/fx/experimental/symbolic_shapes.py, from the scheduler's loop-body
-    simplification) on the `(kv - s).clamp(min=0)` of masks.py `_allowed`; without the clamp it compiles
-    and gives the same BlockMask. That lowering is not CPU-specific: the GPU checks will say whether CUDA
-    meets it too. torch refuses flex backward on CPU (flex_attention.py `_validate_device`: its CPU
-    kernel has none); under aot_eager the flex HOP's math backward runs, so the check is lifted here.
+    inductor's fused ones. Inductor's CPU backend is not used here: torch 2.13 took 10-50 s per flex graph
+    on two shared cores. Its lowering of `create_block_mask` with the DFlash mask predicate, which the GPU
+    path runs, is covered on CPU by tests/dflash/test_masks.py (a clamp in the predicate once made it fail
+    with "vr must not be None for symbol q1"). torch refuses flex backward on CPU (flex_attention.py
+    `_validate_device`: its CPU kernel has none); under aot_eager the flex HOP's math backward runs, so the
+    check is lifted here.
     """
     import torch.nn.attention.flex_attention as fa
 
