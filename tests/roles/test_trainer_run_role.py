@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -380,13 +381,23 @@ _STATUS_RUN = "name: st\nstages: [train]\nrun_dir: runs/{name}\ntarget: {path: /
 
 def _status_play(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> subprocess.CompletedProcess[str]:
     """train.yml -e action=status with this machine as the node: systemctl and journalctl are stand-ins on
-    PATH (no systemd here), the node venv's python is this interpreter, the base dir is tmp_path/base."""
+    PATH (no systemd here), the node venv's python is this interpreter, the base dir is tmp_path/base, and
+    the run's user is whoever runs the test. The status read runs through the real runuser as root; as
+    another user (runuser is root's only) a stand-in that, like runuser, refuses a user without a passwd
+    entry and otherwise runs the command."""
     stubs = tmp_path / "stubs"
     stubs.mkdir(exist_ok=True)
     stands_in = {"systemctl": "ActiveState=active\nSubState=running", "journalctl": "a journal line"}
     for name, out in stands_in.items():
         (stubs / name).write_text(f"#!/bin/sh\nprintf '%s\\n' '{out}'\n")
         (stubs / name).chmod(0o755)
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    if os.geteuid() != 0:
+        (stubs / "runuser").write_text(
+            '#!/bin/sh\n[ "$1" = -u ] && [ "$3" = -- ] || exit 1\n'
+            'getent passwd "$2" >/dev/null || { echo "runuser: user $2 does not exist or the user entry does '
+            'not contain all the required fields" >&2; exit 1; }\nshift 3\nexec "$@"\n')
+        (stubs / "runuser").chmod(0o755)
     venv = tmp_path / "venv" / "bin"
     venv.mkdir(parents=True, exist_ok=True)
     (venv / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
@@ -398,7 +409,7 @@ def _status_play(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> subprocess.
         "-e", "run=st", "-e", "action=status", "-e", f"trainer_run_runs_dir={tmp_path / 'runs'}",
         "-e", "ansible_connection=local", "-e", f"ansible_python_interpreter={sys.executable}",
         "-e", "ansible_become=false", "-e", f"trainer_run_venv={tmp_path / 'venv'}",
-        "-e", f"trainer_run_base_dir={tmp_path / 'base'}",
+        "-e", f"trainer_run_base_dir={tmp_path / 'base'}", "-e", f"trainer_run_user={user}",
     )
 
 
