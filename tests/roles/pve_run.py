@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,16 @@ def bind_source(directory: Path) -> Path:
     src.mkdir(parents=True, exist_ok=True)
     os.chown(src, 100000, 100000)
     return src
+
+
+def wait_task(node: Any, upid: str) -> dict[str, Any]:
+    """The status of the double's task `upid` on `node` (a proxmoxer node) once it has stopped."""
+    for _ in range(100):
+        st = node.tasks(upid).status.get()
+        if st["status"] == "stopped":
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"task {upid} did not finish")
 
 
 def _parse(stdout: str) -> tuple[dict[str, Any], list[str], list[str]]:

@@ -28,14 +28,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from pve_run import REPO, PveDouble, default_state
+from pve_run import REPO, PveDouble, default_state, wait_task
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="device nodes (mknod), mounts and chroot need root, as on a Proxmox host"
@@ -186,15 +185,6 @@ def ct200_devices() -> list[str]:
     )
 
 
-def _wait(node: Any, upid: str) -> dict[str, Any]:
-    for _ in range(100):
-        st = node.tasks(upid).status.get()
-        if st["status"] == "stopped":
-            return st
-        time.sleep(0.1)
-    raise AssertionError(f"task {upid} did not finish")
-
-
 class Host:
     """The Proxmox host being modelled: the scratch root, its API double, CT 200 on autostart."""
 
@@ -233,7 +223,7 @@ class Host:
         node = self.api().nodes("pve1")
         devn = {f"dev{i}": f"{path},gid=44,mode=0660" for i, path in enumerate(devices)}
         upid = node.lxc.post(vmid=vmid, ostemplate=TEMPLATE, rootfs="scratch:8", onboot=1, **devn)
-        assert _wait(node, upid)["exitstatus"] == "OK"
+        assert wait_task(node, upid)["exitstatus"] == "OK"
 
     def startall(self) -> dict[str, Any]:
         state = self.pve.state()
@@ -260,7 +250,7 @@ def installed(tmp_path: Path, rendered: Path) -> Iterator[Host]:
     try:
         host.create_ct(200, ct200_devices())
         node = host.api().nodes("pve1")
-        assert _wait(node, node.lxc(200).status.start.post())["exitstatus"] == "OK"
+        assert wait_task(node, node.lxc(200).status.start.post())["exitstatus"] == "OK"
         yield host
     finally:
         host.pve.stop()
@@ -329,7 +319,7 @@ def test_without_nvidiactl_ct200_stays_stopped(installed: Host) -> None:
     node = host.api().nodes("pve1")
     assert node.tasks(host.ct_start_task(200)).status.get()["exitstatus"] in failed
     # a start by hand fails the same way until the nodes exist
-    assert _wait(node, node.lxc(200).status.start.post())["exitstatus"] in failed
+    assert wait_task(node, node.lxc(200).status.start.post())["exitstatus"] in failed
     assert host.pve.state()["cts"]["200"]["status"] == "stopped"
 
 

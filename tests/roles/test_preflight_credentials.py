@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +35,6 @@ def _filter() -> Any:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.preflight_placeholders
-
-
-@pytest.fixture(scope="module")
-def pve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PveDouble]:
-    double = PveDouble(tmp_path_factory.mktemp("pve"))
-    double.start()
-    try:
-        yield double
-    finally:
-        double.stop()
 
 
 def api_vars(pve: PveDouble, **extra: Any) -> dict[str, Any]:

@@ -10,26 +10,15 @@ import grp
 import json
 import os
 import pwd
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pve_run import PlayResult, PveDouble, bind_source, default_state, fake_gpu_dev, run_role
+from pve_run import PlayResult, PveDouble, bind_source, default_state, fake_gpu_dev, run_role, wait_task
 from pve_schema import APIDATA, request_errors
 
 WRITES = {"POST", "PUT", "DELETE"}
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPvDhQ2ctestkey trainer@laptop"
-
-
-@pytest.fixture(scope="module")
-def pve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PveDouble]:
-    double = PveDouble(tmp_path_factory.mktemp("pve"))
-    double.start()
-    try:
-        yield double
-    finally:
-        double.stop()
 
 
 @pytest.fixture(scope="module")
@@ -313,14 +302,14 @@ def test_the_double_refuses_to_start_a_ct_whose_bind_source_is_missing(tmp_path:
         api = ProxmoxAPI("127.0.0.1", port=double.port, user="root@pam", password=double.root_password,
                          verify_ssl=str(double.ca))
         node = api.nodes("pve1")
-        _wait(node, node.lxc.post(vmid=234, ostemplate=template, rootfs="scratch:8",
+        wait_task(node, node.lxc.post(vmid=234, ostemplate=template, rootfs="scratch:8",
                                   mp0=f"{tmp_path}/gone,mp=/workspace"))
         upid = node.lxc(234).status.start.post()
-        assert _wait(node, upid)["exitstatus"] == "startup for container '234' failed"
+        assert wait_task(node, upid)["exitstatus"] == "startup for container '234' failed"
         log = [line["t"] for line in node.tasks(upid).log.get()]
         assert f"directory '{tmp_path}/gone' does not exist" in log
         (tmp_path / "gone").mkdir()
-        assert _wait(node, node.lxc(234).status.start.post())["exitstatus"] == "OK"
+        assert wait_task(node, node.lxc(234).status.start.post())["exitstatus"] == "OK"
     finally:
         double.stop()
 
@@ -336,7 +325,7 @@ def test_a_container_the_product_did_not_create_is_refused(
                      verify_ssl=str(pve.ca))
     node = api.nodes("pve1")
     template = "local:vztmpl/ubuntu-24.04-standard_24.04-2_amd64.tar.zst"
-    _wait(node, node.lxc.post(vmid=240, ostemplate=template, rootfs="scratch:8", hostname="db",
+    wait_task(node, node.lxc.post(vmid=240, ostemplate=template, rootfs="scratch:8", hostname="db",
                               unprivileged=1, tags="prod, Database"))
     before = pve.state()["cts"]["240"]
     assert before["config"]["tags"] == "Database;prod"  # stored as PVE stores them: unique, sorted, ';'
@@ -368,17 +357,6 @@ def test_setting_tags_needs_vm_config_options(pve: PveDouble) -> None:
     assert normalize_tags("250", "a;b", "b,a", deny) == "a;b"  # unchanged: no check
     with pytest.raises(ApiError, match="invalid tag"):
         normalize_tags("250", None, "-bad", lambda *_: None)
-
-
-def _wait(node: Any, upid: str) -> dict[str, Any]:
-    import time
-
-    for _ in range(100):
-        st = node.tasks(upid).status.get()
-        if st["status"] == "stopped":
-            return st
-        time.sleep(0.1)
-    raise AssertionError(f"task {upid} did not finish")
 
 
 def test_unprivileged_ct_refuses_a_writable_source_it_could_not_write(
