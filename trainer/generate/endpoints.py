@@ -3,6 +3,7 @@ plus the request body and the parsing of SGLang's chat-completion answers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import ipaddress
@@ -62,6 +63,68 @@ STALE_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 class FatalEndpointError(RuntimeError):
     """The endpoint refuses us for good (401/403/404): a configuration error, not an outage."""
+
+
+class TLSVerifyError(FatalEndpointError):
+    """The endpoint's certificate does not verify against the CA we trust: a configuration error (the
+    wrong generate.ca_file, or none), never an outage to wait out for all_down_timeout_s."""
+
+
+def trusted_ca(ca_file: str) -> str:
+    """What https:// endpoints are verified against, in words (for the error that names it)."""
+    if ca_file:
+        return f"generate.ca_file {ca_file}"
+    env = [f"{k}={os.environ[k]}" for k in ("SSL_CERT_FILE", "SSL_CERT_DIR") if os.environ.get(k)]
+    return f"the system's CA store ({'; '.join([*env, 'generate.ca_file is unset'])})"
+
+
+def _name(der: bytes) -> str:
+    """The issuer of a DER certificate as RFC 4514 text ('' when it cannot be read)."""
+    try:
+        from cryptography import x509
+
+        return x509.load_der_x509_certificate(der).issuer.rfc4514_string()
+    except ImportError:
+        pass
+    except ValueError:
+        return ""
+    import tempfile
+
+    # without `cryptography`: the ssl module's own decoder (the one SSLSocket.getpeercert uses) reads
+    # a PEM file
+    with tempfile.NamedTemporaryFile("w", suffix=".pem") as f:
+        f.write(ssl.DER_cert_to_PEM_cert(der))
+        f.flush()
+        try:
+            decoded = ssl._ssl._test_decode_cert(f.name)  # type: ignore[attr-defined]
+        except (ssl.SSLError, OSError):
+            return ""
+    short = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
+             "localityName": "L", "stateOrProvinceName": "ST", "domainComponent": "DC"}
+    return ",".join(f"{short.get(k, k)}={v}" for rdn in reversed(decoded.get("issuer", ())) for k, v in rdn)
+
+
+async def peer_issuer(url: str, timeout_s: float) -> str:
+    """The issuer of the certificate an https:// endpoint presents, read over a connection that does
+    not verify it and sends nothing but the TLS handshake (only to name it in the error)."""
+    parts = urllib.parse.urlsplit(url)
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(parts.hostname, parts.port or 443, ssl=ctx,
+                                    server_hostname=parts.hostname), timeout_s)
+    except (OSError, TimeoutError, ssl.SSLError) as e:
+        return f"(not read: {type(e).__name__}: {e})"
+    try:
+        obj = writer.get_extra_info("ssl_object")
+        der = obj.getpeercert(binary_form=True) if obj is not None else None
+        return (_name(der) or "(unreadable)") if der else "(no certificate)"
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.wait_closed()
 
 
 @dataclasses.dataclass(slots=True)
@@ -277,6 +340,8 @@ class Endpoint:
         a URL that is no SGLang server is a configuration error, not an outage to wait out."""
         try:
             status, _ = await self._get("/health")
+        except aiohttp.ClientConnectorCertificateError as e:
+            await self._tls_refused(e)
         except TRANSPORT_ERRORS + TIMEOUT_ERRORS as e:
             self.down_reason = f"/health: {type(e).__name__}: {e}"
             return False
@@ -292,6 +357,17 @@ class Endpoint:
             return False
         await self._read_server_info()
         return True
+
+    async def _tls_refused(self, e: aiohttp.ClientConnectorCertificateError) -> None:
+        """Raise TLSVerifyError naming the endpoint, what it was verified against and who issued its
+        certificate (the usual cause: generate.ca_file names another CA than the one that signed it)."""
+        cert_error = e.certificate_error
+        why = getattr(cert_error, "verify_message", "") or str(cert_error)
+        issuer = await peer_issuer(self.base, self.cfg.connect_timeout_s)
+        raise TLSVerifyError(
+            f"{self.base}: TLS certificate verification failed ({why}): verified against "
+            f"{trusted_ca(self.cfg.ca_file)}; the server's certificate was issued by {issuer}. Set "
+            f"generate.ca_file to the CA certificate (PEM) that signed it") from None
 
     async def _get(self, path: str) -> tuple[int, bytes]:
         async with self.session().get(self.base + path, timeout=self._probe_timeout) as r:

@@ -19,6 +19,8 @@ the other (trainer/generate/turns.py), so a slot is one request in flight. Outco
   429/5xx        re-queued; `failures_to_down` in a row put the endpoint aside; a turn that fails
                  `max_attempts` times rejects the conversation with the last error;
   401/403/404    the endpoint is disabled for the run (configuration error; on the /health probe too);
+  TLS            a certificate that does not verify at the first probe stops the run (exit 2): the CA
+                 the run trusts is wrong, which waiting will not mend; later, it disables the endpoint;
   other 4xx      the conversation is rejected with the endpoint's message (e.g. over the context length).
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ from trainer.generate.endpoints import (
     TRANSPORT_ERRORS,
     Endpoint,
     FatalEndpointError,
+    TLSVerifyError,
     parse_completion,
 )
 from trainer.generate.progress import Progress
@@ -316,6 +319,8 @@ class Generator:
         async def probe(ep: Endpoint) -> None:
             try:
                 ep.up = await ep.probe()
+            except TLSVerifyError:
+                raise  # the run's trust is wrong, not this endpoint: stop before anything is sent
             except FatalEndpointError as e:
                 ep.disabled = str(e)
                 log.error("endpoint %s disabled for this run: %s", ep.url, e)

@@ -3,8 +3,8 @@
 Reads the prompts, skips the ids already done (local spool, and S3 when the run has s3.bucket),
 regenerates the rest on the endpoints and writes shards under `RunLayout.generate_output`.
 Exit status: 0 when every prompt has a completion or a reject, 2 when there is no usable prompt (an
-empty prompts file, every prompt rejected: the output is not marked complete), 1 when the run had to
-stop.
+empty prompts file, every prompt rejected: the output is not marked complete) or an endpoint's TLS
+certificate does not verify at the first probe, 1 when the run had to stop.
 Heavy imports (httpx, boto3) happen inside the stage.
 """
 from __future__ import annotations
@@ -107,7 +107,7 @@ def stage(cfg: RunConfig) -> int:
 def _generate(cfg: RunConfig, layout: RunLayout, store: Any) -> int:
     import asyncio
 
-    from trainer.generate.endpoints import Endpoint
+    from trainer.generate.endpoints import Endpoint, TLSVerifyError
     from trainer.generate.prompts import count_lines, prompt_files, read_prompts
     from trainer.generate.remote import S3Mirror
     from trainer.generate.runner import GenerateError, Generator, NoValidInput, rejects_line
@@ -146,7 +146,7 @@ def _generate(cfg: RunConfig, layout: RunLayout, store: Any) -> int:
                     budget=budget(cfg), skipped_path=layout.generate_skipped)
     try:
         summary = asyncio.run(gen.run(total))
-    except NoValidInput as e:
+    except (NoValidInput, TLSVerifyError) as e:
         log.error("generate: %s", e)
         return EXIT_BAD_INPUT
     except GenerateError as e:
