@@ -34,6 +34,11 @@ class GenerateConfig:
     min_p: float = 0.0  # 0 = off
     max_tokens: int = 32768
     enable_thinking: bool = True  # chat_template_kwargs.enable_thinking
+    # The reasoning parser the SGLang instances run (their --reasoning-parser, role sglang's
+    # sglang_reasoning_parser): "" = as each endpoint's server info says; "none" = they run none; a name
+    # (e.g. "qwen3") = they run that one. The router's server info does not say, so a run through the
+    # router names it here, and an answer is then stored the same way through the router as direct.
+    reasoning_parser: str = ""
     concurrency: int = 0  # requests in flight per endpoint; 0 = the endpoint's max_running_requests
     default_concurrency: int = 64  # when the endpoint does not say (e.g. the router)
     api_key_env: str = "SGLANG_API_KEY"  # env var holding the endpoints' API key ("" or unset = none)
@@ -91,6 +96,8 @@ class GenerateConfig:
             raise ValueError(f"generate.top_k must be -1 (off) or >= 1, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"generate.min_p must be within [0, 1], got {self.min_p}")
+        if self.reasoning_parser != self.reasoning_parser.strip():
+            raise ValueError(f"generate.reasoning_parser: {self.reasoning_parser!r} has spaces around it")
         if self.budget_tokens and self.budget_tokens <= self.budget_min_tokens:
             raise ValueError(f"generate.budget_tokens ({self.budget_tokens}) must exceed budget_min_tokens "
                              f"({self.budget_min_tokens}), or be 0 (no budget)")

@@ -385,11 +385,7 @@ class Endpoint:
                 tried.append(f"{path}: HTTP {status}")
             except (*TRANSPORT_ERRORS, *TIMEOUT_ERRORS, ValueError) as e:
                 tried.append(f"{path}: {type(e).__name__}: {e}")
-        if isinstance(info, dict) and "reasoning_parser" in info:
-            self.parses_reasoning = bool(info["reasoning_parser"])
-        elif self.cfg.enable_thinking and self.parses_reasoning is None:
-            log.warning("endpoint %s: its server info does not say whether SGLang runs a reasoning parser; "
-                        "an answer without reasoning_content is split at its first </think>", self.url)
+        self._learn_reasoning_parser(info)
         if self.cfg.concurrency:
             self.capacity, self.window_reason = self.cfg.concurrency, "generate.concurrency"
             return
@@ -401,6 +397,28 @@ class Endpoint:
         self.window_reason = f"generate.default_concurrency: the server did not say ({why})"
         log.warning("endpoint %s: window %d from generate.default_concurrency: the server did not say its "
                     "capacity (%s); set generate.concurrency to choose it", self.url, self.capacity, why)
+
+    def _learn_reasoning_parser(self, info: Any) -> None:
+        """Whether the server splits the thinking off itself: its server info says (an instance), else
+        the run file's generate.reasoning_parser (the router, whose info does not say). Both saying and
+        disagreeing is a configuration error: the stored answers would depend on the path taken."""
+        said = self.cfg.reasoning_parser
+        configured = None if not said else said != "none"
+        if isinstance(info, dict) and "reasoning_parser" in info:
+            runs = info["reasoning_parser"] or ""
+            if configured is not None and bool(runs) != configured:
+                raise FatalEndpointError(
+                    f"{self.base}: generate.reasoning_parser is {said!r} but the server runs "
+                    f"{runs or 'none'!r} (its server info, reasoning_parser); make them agree, or leave "
+                    f"generate.reasoning_parser empty to take the server's word")
+            self.parses_reasoning = bool(runs)
+        elif configured is not None:
+            self.parses_reasoning = configured
+        elif self.cfg.enable_thinking and self.parses_reasoning is None:
+            log.warning("endpoint %s: its server info does not say whether SGLang runs a reasoning parser "
+                        "(the router's does not); an answer without reasoning_content is split at its "
+                        "first </think>. Set generate.reasoning_parser to the instances' parser (or none) "
+                        "to store answers as a direct connection does", self.url)
 
     def mark_down(self, reason: str) -> bool:
         """Put the endpoint aside; True when it was up (the caller then starts its recovery)."""
