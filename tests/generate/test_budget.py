@@ -71,7 +71,10 @@ def test_a_prompt_that_leaves_too_little_is_skipped_with_the_reason(tmp_path: Pa
     assert len(requests(d.url)) == 1  # never sent
     state = tmp_path / "run" / "generated" / "_state"
     (skip,) = [json.loads(x) for x in (state / "skipped.ndjson").read_text().splitlines()]
-    assert skip["id"] == "long" and "generate.budget_min_tokens 64" in skip["reason"]
+    assert skip["id"] == "long"
+    assert skip["reason"] == (f"budget: the first turn's prompt is {skip['prompt_tokens']} tokens, "
+                              f"{skip['prompt_tokens'] - 300} over generate.budget_tokens 300: no room "
+                              "for an answer")
     assert skip["prompt_tokens"] == count(tok_dir, [{"role": "system", "content": "be brief"},
                                                     {"role": "user", "content": long_user}])
     assert (state / "rejects.ndjson").read_text() == ""
@@ -99,3 +102,22 @@ def test_budget_settings_are_checked_with_the_key_named(tmp_path: Path) -> None:
                                     tokenizer=str(tmp_path / "no-tokenizer")))
     with pytest.raises(ConfigError, match=r"generate\.budget_tokens: tokenizer .*no-tokenizer does not"):
         stage(cfg)
+
+
+@pytest.mark.parametrize(("prompt_tokens", "reason"), [
+    (500, "budget: the first turn's prompt is 500 tokens, 200 over generate.budget_tokens 300: no room for "
+          "an answer"),
+    (300, "budget: the first turn's prompt is 300 tokens, 0 over generate.budget_tokens 300: no room for "
+          "an answer"),
+    (250, "budget: the first turn's prompt is 250 tokens, leaving 50 of generate.budget_tokens 300 "
+          "(< generate.budget_min_tokens 64)"),
+])
+def test_the_skip_reason_says_what_is_left_or_by_how_much_the_prompt_is_over(prompt_tokens: int,
+                                                                            reason: str) -> None:
+    from trainer.generate.prompts import Prompt
+    from trainer.generate.turns import Budget, skip_line
+
+    budget = Budget(0, 64, "", True)
+    budget.total = 300
+    line = json.loads(skip_line(Prompt("p", ({"role": "user", "content": "x"},), 1), prompt_tokens, budget))
+    assert line == {"id": "p", "reason": reason, "prompt_tokens": prompt_tokens}

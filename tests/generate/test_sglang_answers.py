@@ -199,3 +199,19 @@ def test_sampling_parameters_reach_the_server(tmp_path: Path, sglang: Any) -> No
     rc, _ = run_stage(write_run(tmp_path / "defaults", tmp_path / "p.jsonl", [d.url]))
     assert rc == 0  # the defaults: Qwen3's thinking-mode recommendation, sent explicitly
     assert d.stats()["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+
+
+@pytest.mark.parametrize(("backoff_s", "said"), [(0.2, "0.2s"), (1.6, "1.6s"), (60.0, "60s")])
+def test_a_sub_second_backoff_is_logged_as_it_is(backoff_s: float, said: str, caplog: Any) -> None:
+    from trainer.generate.config import GenerateConfig
+    from trainer.generate.endpoints import Endpoint
+
+    async def put_aside() -> None:
+        ep = Endpoint("http://127.0.0.1:9", GenerateConfig(backoff_initial_s=backoff_s))
+        ep.up = True
+        assert ep.mark_down("reset")
+        await ep.aclose()
+
+    asyncio.run(put_aside())
+    assert f"endpoint http://127.0.0.1:9 put aside for {said}: reset (0 requests in flight re-queued)" \
+        in caplog.text

@@ -207,6 +207,11 @@ def window_from_server_info(info: Any) -> tuple[int | None, str]:
     return None, "neither max_running_requests nor internal_states[0].effective_max_running_requests_per_dp"
 
 
+def seconds(s: float) -> str:
+    """A duration for a log line: '0.2s', '1.6s', '60s' (never '0s' for a sub-second backoff)."""
+    return f"{round(s, 1):g}s"
+
+
 def base_url(url: str) -> str:
     """The server's root for an endpoint URL: OpenAI clients write `http://host:30000/v1`, SGLang serves
     /health and /server_info at the root and the chat API under /v1."""
@@ -430,8 +435,8 @@ class Endpoint:
         self.downs += 1
         self.drop_connections()
         self.backoff = min(self.cfg.backoff_max_s, self.backoff * 2 or self.cfg.backoff_initial_s)
-        log.warning("endpoint %s put aside for %.0fs: %s (%d requests in flight re-queued)",
-                    self.url, self.backoff, reason, self.inflight)
+        log.warning("endpoint %s put aside for %s: %s (%d requests in flight re-queued)",
+                    self.url, seconds(self.backoff), reason, self.inflight)
         return True
 
     async def recover(self) -> None:

@@ -144,8 +144,11 @@ def load_counter(path: str) -> Any:
 
 def skip_line(prompt: Prompt, prompt_tokens: int, budget: Budget) -> str:
     """One line of the skipped list: why this conversation was not sent."""
-    return json.dumps({"id": prompt.id, "reason": (
-        f"budget: the first turn's prompt is {prompt_tokens} tokens, leaving "
-        f"{budget.total - prompt_tokens} of generate.budget_tokens {budget.total} "
-        f"(< generate.budget_min_tokens {budget.minimum})"), "prompt_tokens": prompt_tokens},
-        ensure_ascii=False)
+    left = budget.total - prompt_tokens
+    if left <= 0:
+        why = (f"budget: the first turn's prompt is {prompt_tokens} tokens, {-left} over "
+               f"generate.budget_tokens {budget.total}: no room for an answer")
+    else:
+        why = (f"budget: the first turn's prompt is {prompt_tokens} tokens, leaving {left} of "
+               f"generate.budget_tokens {budget.total} (< generate.budget_min_tokens {budget.minimum})")
+    return json.dumps({"id": prompt.id, "reason": why, "prompt_tokens": prompt_tokens}, ensure_ascii=False)
