@@ -89,10 +89,19 @@ def save_checkpoint(ckpt_root: Path, step: int, *, weights: dict[str, torch.Tens
     pointer_tmp = ckpt_root / f".latest.tmp-{os.getpid()}"
     pointer_tmp.write_text(final.name + "\n")
     os.replace(pointer_tmp, ckpt_root / "latest")
-    for old in list_checkpoints(ckpt_root)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(ckpt_root, keep_last, final)
     log.info("checkpoint saved: %s", final)
     return final
+
+
+def prune_checkpoints(ckpt_root: Path, keep_last: int, latest: Path) -> list[Path]:
+    """Remove all but the `keep_last` newest step dirs, never `latest` (the one the pointer names, even
+    when a step dir of a higher number is there from an earlier run). The removed dirs."""
+    keep = {latest.name, *(p.name for p in list_checkpoints(ckpt_root)[-keep_last:])}
+    gone = [p for p in list_checkpoints(ckpt_root) if p.name not in keep]
+    for old in gone:
+        shutil.rmtree(old, ignore_errors=True)
+    return gone
 
 
 class CheckpointError(ConfigError):

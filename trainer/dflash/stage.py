@@ -4,9 +4,14 @@ config> --resume`). Heavy imports (torch) happen inside the functions.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
+import time
+from pathlib import Path
 
 from trainer.config import ConfigError, RunConfig
+from trainer.layout import RunLayout, latest_checkpoint, list_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,91 @@ def torchrun_command(cfg: RunConfig, node_rank: int | None = None) -> list[str]:
     return resolved_launch(cfg)
 
 
+def earlier_outputs(layout: RunLayout) -> list[Path]:
+    """The train outputs an earlier run left in this run dir (step dirs, a non-empty metrics.jsonl,
+    an export)."""
+    found: list[Path] = list_checkpoints(layout.checkpoints)[-1:]
+    if layout.metrics.is_file() and layout.metrics.stat().st_size:
+        found.append(layout.metrics)
+    if layout.export.is_dir() and any(layout.export.iterdir()):
+        found.append(layout.export)
+    return found
+
+
+def refuse_restart(cfg: RunConfig) -> None:
+    """`train` without --resume or --fresh on a run that trained before: refused (it would restart at
+    step 0 over the earlier run's metrics, checkpoints and export), with both ways on."""
+    layout = RunLayout.of(cfg)
+    earlier = earlier_outputs(layout)
+    if not earlier:
+        return
+    latest = latest_checkpoint(layout.checkpoints)
+    what = f"checkpoint {latest.name}" if latest else ", ".join(p.name for p in earlier)
+    raise ConfigError(
+        f"run {cfg.name}: {layout.root} holds an earlier train run ({what}); --resume continues it, "
+        f"--fresh moves its outputs aside to {layout.set_aside('<UTC time>')} and starts at step 0")
+
+
+def set_aside(cfg: RunConfig) -> Path | None:
+    """`train --fresh`: move the earlier run's train outputs (checkpoints, metrics, export, eval results,
+    launch config, W&B files) into one timestamped directory of the run dir; nothing is deleted. Its path,
+    or None when there was nothing to move."""
+    layout = RunLayout.of(cfg)
+    present = [p for p in layout.train_outputs if p.exists()]
+    if not present:
+        return None
+    dest = layout.set_aside(time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    n = 0
+    while dest.exists():  # two --fresh within one second
+        n += 1
+        dest = dest.with_name(f"{dest.name.split('.')[0]}.{n}")
+    dest.mkdir(parents=True)
+    for p in present:
+        os.replace(p, dest / p.name)  # the same file system: a rename, never a copy
+    log.info("train --fresh: the earlier run's %s moved to %s", ", ".join(p.name for p in present), dest)
+    return dest
+
+
+def check_metrics(cfg: RunConfig) -> None:
+    """A resumed run rewrites metrics.jsonl up to its checkpoint's step; a line that is not a JSON
+    object with a step is refused here, naming the line, instead of failing inside the loop."""
+    path = RunLayout.of(cfg).metrics
+    if not path.is_file():
+        return
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except ValueError as e:
+                rec = e
+            if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+                raise ConfigError(
+                    f"{path}:{n}: not a metrics record (a JSON object with a step); resuming rewrites this "
+                    "file, so it is refused: repair or remove that line, or start over with --fresh "
+                    "(which moves the run's outputs aside)")
+
+
+def preflight_device(cfg: RunConfig) -> None:
+    """A cuda run on a machine without enough CUDA devices, refused once here, before torchrun starts a
+    rank per GPU that would each fail with the same error."""
+    t = cfg.train
+    if not str(t.device).startswith("cuda"):
+        return
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    need = t.placement.nproc_per_node
+    if have == 0:
+        raise ConfigError(f"run {cfg.name}: train.device is {t.device} but this machine has no usable CUDA "
+                          "device (torch.cuda.is_available() is false); run it on a GPU node, or on the CPU "
+                          "with --set train.device=cpu")
+    if have < need:
+        raise ConfigError(f"run {cfg.name}: train.placement.nproc_per_node is {need} but this machine has "
+                          f"{have} CUDA device(s); set --set train.placement.nproc_per_node={have}")
+
+
 def stage(cfg: RunConfig, resume: bool = True) -> int:
     """The `train` stage: resumes from the run's latest checkpoint when there is one.
 
@@ -41,8 +131,12 @@ def stage(cfg: RunConfig, resume: bool = True) -> int:
     """
     from trainer.dflash.launch import in_torchrun, launch
 
-    if cfg.train.placement.launches_torchrun and not in_torchrun():
-        return launch(cfg)
+    if not in_torchrun():
+        preflight_device(cfg)
+        if resume:
+            check_metrics(cfg)
+        if cfg.train.placement.launches_torchrun:
+            return launch(cfg)
     from trainer.data.shards import DataRefused
     from trainer.dflash.loop import train
 
