@@ -121,3 +121,23 @@ def test_rejects_of_json_lines_keep_their_id(tmp_path: Path) -> None:
     assert [r.id for r in rejects] == ["nouser", "17", None, None]
     assert all(isinstance(r, Reject) for r in rejects)
     assert "no user turn" in rejects[0].reason and "unsupported speaker" in rejects[1].reason
+
+
+@pytest.mark.parametrize("name", ["p.jsonl", "p.jsonl.zst"])
+def test_a_line_that_is_not_utf8_is_rejected_with_file_and_line_never_sent_as_replacement(
+        tmp_path: Path, name: str) -> None:
+    """A Latin-1 prompt ("café" as the byte 0xE9) is refused, as prepare refuses it
+    (trainer/data/records.py), not decoded to U+FFFD and sent to the model."""
+    good = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    latin1 = '{"id": "b", "messages": [{"role": "user", "content": "caf\u00e9"}]}'.encode("latin-1")
+    data = good + b"\n" + latin1 + b"\n" + good.replace(b'"a"', b'"c"') + b"\n"
+    path = tmp_path / name
+    path.write_bytes(zstandard.ZstdCompressor().compress(data) if name.endswith(".zst") else data)
+    out = list(read_prompts([path], 1000))
+    assert [p.id for p in out if isinstance(p, Prompt)] == ["a", "c"]
+    (rej,) = [r for r in out if isinstance(r, Reject)]
+    assert (rej.source, rej.line) == (str(path), 2)
+    at = latin1.index(b"\xe9")
+    assert rej.reason == f"not UTF-8 text (invalid continuation byte at byte {at} of the line)"
+    assert rej.excerpt.rstrip() == '{"id": "b", "messages": [{"role": "user", "content": "caf\\xe9"}]}'
+    assert count_lines([path]) == 3

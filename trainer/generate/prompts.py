@@ -9,7 +9,9 @@ Accepted line formats (one JSON object per line, files *.jsonl or *.jsonl.zst, o
 Speakers are read by trainer/conversation.py (one role map for prompts and completions).
 The sample id is the line's "id" (or "conversation_id"); without one it is a digest of the kept turns,
 so it is stable across restarts. A line is rejected (never sent) when it is not JSON, has no user turn,
-has an unsupported role or content, is longer than `max_prompt_chars`, or repeats an earlier id.
+has an unsupported role or content, is longer than `max_prompt_chars`, repeats an earlier id, or is not
+UTF-8 (a Latin-1 file, say: its text is never sent with U+FFFD in place of what the bytes meant;
+`prepare` refuses the same bytes, trainer/data/records.py).
 """
 from __future__ import annotations
 
@@ -69,13 +71,14 @@ def prompt_files(path: Path) -> list[Path]:
     return [path]
 
 
-def open_text(path: Path) -> io.TextIOBase:
+def open_lines(path: Path) -> io.BufferedIOBase:
+    """The file's bytes, line by line (each line is decoded on its own, so a bad one is named)."""
     if path.name.endswith(".zst"):
         import zstandard
 
         raw = zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
-        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
-    return path.open(encoding="utf-8", errors="replace")
+        return io.BufferedReader(raw)  # type: ignore[arg-type]
+    return path.open("rb")
 
 
 def _turns(obj: dict[str, Any]) -> list[Turn]:
@@ -134,11 +137,17 @@ def read_prompts(files: list[Path], max_chars: int) -> Iterator[Prompt | Reject]
     """Every prompt of `files` in order, or a Reject for each unusable line (blank lines are skipped)."""
     first_seen: dict[str, str] = {}
     for path in files:
-        with open_text(path) as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
+        with open_lines(path) as fh:
+            for lineno, raw in enumerate(fh, 1):
+                if not raw.strip():
                     continue
                 where = f"{path.name}:{lineno}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield Reject(str(path), lineno, f"not UTF-8 text ({e.reason} at byte {e.start} of the "
+                                 "line)", None, raw[:200].decode("utf-8", errors="backslashreplace"))
+                    continue
                 try:
                     p = parse_line(line, max_chars)
                 except PromptError as e:
@@ -156,7 +165,7 @@ def count_lines(files: list[Path]) -> int:
     """Non-blank lines of `files` (for the ETA)."""
     n = 0
     for path in files:
-        with open_text(path) as fh:
+        with open_lines(path) as fh:
             n += sum(1 for line in fh if line.strip())
     return n
 
