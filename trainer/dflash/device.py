@@ -44,8 +44,10 @@ def resolve_runtime(device: str = "auto", dtype: str = "bfloat16", target_gpus: 
     """Pick devices from torchrun's env (RANK, LOCAL_RANK, WORLD_SIZE) and the placement config.
 
     Calls ``torch.cuda.set_device`` for the drafter's device first thing, so that Triton kernels launch
-    on the right GPU in every rank.
+    on the right GPU in every rank, and `route_kernels_by_device` before any model is loaded, so that a
+    CPU runtime computes with torch's reference kernels even where fla and triton are installed.
     """
+    route_kernels_by_device()
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -329,3 +331,121 @@ def peak_tflops(device: torch.device) -> float | None:
         return None
     name = device_name(device)
     return next((tf for key, tf in PEAK_TFLOPS if key in name), None)
+
+
+# Optimized kernels on CUDA only. transformers binds an optional package's kernel at import time
+# (transformers/integrations/hub_kernels.py, `use_kernel_func_from_hub_with_fallback`): when `fla` (or
+# `causal_conv1d`) imports, the model calls that package's function for every tensor, and its Triton
+# kernels cannot run on the CPU (triton: "0 active drivers ([]). There should only be one."). The package
+# imports fine on a CPU machine, so its presence says nothing about where the model runs. The routing
+# below keeps the package's kernel for CUDA tensors and calls the model file's own torch reference (the
+# function transformers wrapped) for every other device: the same numbers, slower. It is per call, so a
+# CPU runtime in a GPU venv and a GPU runtime in the same process both take the right path.
+_WRAPPER_CELLS = ("implementation", "torch_function")  # the closure transformers' wrapper reads
+
+
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    return next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+
+
+def _on_cuda_only(fast: Callable[..., Any], reference: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """`fast` for CUDA tensors, `reference` (the torch path) for the others."""
+    import inspect
+
+    params = inspect.signature(reference).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        first = _first_tensor(args, kwargs)
+        if first is None or first.device.type == "cuda":
+            return fast(*args, **kwargs)
+        if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
+            # the torch reference cannot keep packed sequences apart (transformers refuses the same)
+            raise ValueError(f"{name}: packed sequences need its optimized kernel, which runs on CUDA only")
+        return reference(*args, **(kwargs if takes_any else {k: v for k, v in kwargs.items() if k in params}))
+
+    routed.cuda_only_of = fast  # type: ignore[attr-defined]  # marks a routed kernel (and what it routes)
+    return routed
+
+
+def _wrapper_cells(fn: Any) -> dict[str, Any] | None:
+    """The closure cells of a function made by transformers' fallback wrapper (under other decorators'
+    `__wrapped__` too), or None for any other callable."""
+    for _ in range(4):
+        code = getattr(fn, "__code__", None)
+        if code is not None and fn.__closure__ and set(_WRAPPER_CELLS) <= set(code.co_freevars):
+            return dict(zip(code.co_freevars, fn.__closure__, strict=True))
+        fn = getattr(fn, "__wrapped__", None)
+        if not callable(fn):
+            return None
+    return None
+
+
+def _route(fn: Any) -> bool:
+    """Route one function made by transformers' fallback wrapper; whether it was newly routed."""
+    cells = _wrapper_cells(fn)
+    if cells is None:
+        return False
+    fast, reference = (cells[c].cell_contents for c in _WRAPPER_CELLS)
+    if fast is reference or hasattr(fast, "cuda_only_of"):
+        return False  # the package is absent (torch path already) or routed before
+    cells["implementation"].cell_contents = _on_cuda_only(fast, reference, fn.__name__)
+    return True
+
+
+def _model_functions() -> Iterator[tuple[str, Any]]:
+    """(module.name, value) of every callable in the transformers model files imported so far."""
+    import sys
+
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is not None and mod_name.startswith("transformers.models."):
+            yield from ((f"{mod_name}.{k}", v) for k, v in list(vars(mod).items()) if callable(v))
+
+
+def unrouted_kernels() -> list[str]:
+    """The functions of the imported model files that call an optional package's kernel on every device
+    (none once `route_kernels_by_device` has run, unless transformers changed how it binds them)."""
+    out = []
+    for name, fn in _model_functions():
+        cells = _wrapper_cells(fn)
+        if cells is not None:
+            fast, reference = (cells[c].cell_contents for c in _WRAPPER_CELLS)
+            if fast is not reference and not hasattr(fast, "cuda_only_of"):
+                out.append(name)
+    return out
+
+
+def route_kernels_by_device() -> list[str]:
+    """Make transformers' optional-package kernels (fla's gated delta rule, causal-conv1d) run on CUDA
+    tensors only, and the torch reference on every other device. Covers the model files imported so far
+    and those imported later (the wrapper's factory is wrapped too). Idempotent; a no-op without
+    transformers. Returns the functions newly routed."""
+    import sys
+
+    try:
+        from transformers.integrations import hub_kernels
+    except ImportError:
+        return []
+    factory = hub_kernels.use_kernel_func_from_hub_with_fallback
+    if not hasattr(factory, "routes_by_device"):
+
+        def routing_factory(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Any]:
+            decorate = factory(*args, **kwargs)
+
+            def decorator(fn: Callable[..., Any]) -> Any:
+                out = decorate(fn)
+                _route(out)
+                return out
+
+            return decorator
+
+        routing_factory.routes_by_device = True  # type: ignore[attr-defined]
+        routing_factory.__wrapped__ = factory  # type: ignore[attr-defined]
+        hub_kernels.use_kernel_func_from_hub_with_fallback = routing_factory
+        integrations = sys.modules.get("transformers.integrations")
+        if integrations is not None:  # the lazy package's cached attribute, read by `from ... import`
+            integrations.use_kernel_func_from_hub_with_fallback = routing_factory  # type: ignore[attr-defined]
+    routed = [name for name, fn in _model_functions() if _route(fn)]
+    if routed:
+        log.debug("kernels on CUDA only, torch reference elsewhere: %s", routed)
+    return routed
