@@ -192,12 +192,16 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def _blame(message: str, sources: dict[str, str], sets: dict[str, tuple[str, Any]]) -> tuple[str, str] | None:
-    """The overrides file or `--set` that gave the key a message names (the last one applied wins)."""
+    """The overrides file or `--set` that gave the key a message names (the last one applied wins); an
+    unknown key is blamed on the source of a key below it too (`--set drafter.bogus.x=1`: the message
+    names the first unknown part, drafter.bogus)."""
+    unknown = re.match(r"unknown key (\S+?);", message)
     for key in reversed(list(sources)):
         leaf = key.rsplit(".", 1)
         pattern = rf"(?<![\w.]){re.escape(key)}(?![\w])"
         alt = rf"^{re.escape(leaf[0])}: {re.escape(leaf[1])}\b" if len(leaf) == 2 else None
-        if re.search(pattern, message) or (alt and re.search(alt, message)):
+        below = unknown is not None and key.startswith(unknown.group(1) + ".")
+        if below or re.search(pattern, message) or (alt and re.search(alt, message)):
             source = sources[key]
             if source == "--set":
                 raw, value = sets[key]

@@ -38,6 +38,9 @@ class DataConfig:
     heldout_share: float = 0.01
     heldout_shards: str = "shards-heldout"
     max_length: int = 4096
+    # a completions line longer than this is refused (file:line) before it is parsed or tokenised; one
+    # conversation of max_length tokens is far below it, so a longer line is a damaged or foreign file
+    max_line_bytes: int = 64 * 1024 * 1024
     tokenizer: str = ""  # tokenizer dir; "" = target.path
     num_workers: int = 0  # tokenising processes; 0 = all cores
     rows_per_shard: int = 8192
@@ -48,6 +51,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.max_length < 16:
             raise ValueError(f"data.max_length must be >= 16, got {self.max_length}")
+        if self.max_line_bytes < 1024:
+            raise ValueError(f"data.max_line_bytes must be >= 1024, got {self.max_line_bytes}")
         if self.num_workers < 0:
             raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.rows_per_shard < 1:

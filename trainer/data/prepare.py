@@ -82,12 +82,13 @@ def _work(chunk: list[tuple[str, Any]]) -> list[Row]:
     return rows
 
 
-def _chunks(files: list[Path], progress: Any) -> Iterator[list[tuple[str, Any]]]:
+def _chunks(files: list[Path], progress: Any, max_line_bytes: int | None,
+            ) -> Iterator[list[tuple[str, Any]]]:
     chunk: list[tuple[str, Any]] = []
     done_before = 0
     for f in files:
         last = 0
-        for where, payload, pos in iter_payloads(f):
+        for where, payload, pos in iter_payloads(f, max_line_bytes):
             chunk.append((where, payload))
             if progress is not None and pos > last:
                 progress.update(pos - last)
@@ -108,8 +109,9 @@ def _inherit(tok: Any, max_length: int, template_kwargs: dict[str, Any] | None) 
 
 
 def _rows(files: list[Path], tok: Any, tokenizer_path: str, max_length: int, workers: int,
-          template_kwargs: dict[str, Any] | None, progress: Any) -> Iterator[Row]:
-    chunks = _chunks(files, progress)
+          template_kwargs: dict[str, Any] | None, progress: Any, max_line_bytes: int | None = None,
+          ) -> Iterator[Row]:
+    chunks = _chunks(files, progress, max_line_bytes)
     _worker.clear()
     _worker.update(tok=tok, max_length=max_length, kwargs=template_kwargs)
     if workers <= 1:
@@ -140,7 +142,7 @@ def prepare(
     num_workers: int = 0, rows_per_shard: int = 8192, drop_degenerate: bool = True,
     doctor: DoctorConfig | None = None, chat_template_kwargs: dict[str, Any] | None = None,
     show_progress: bool = True, heldout_share: float = 0.0, heldout_dir: str | Path | None = None,
-    inputs: dict[str, Any] | None = None,
+    inputs: dict[str, Any] | None = None, max_line_bytes: int | None = None,
 ) -> PrepareResult:
     """Tokenise `completions` into shards under `out_dir` and run the doctor (verdict in the manifest).
     With `heldout_share` > 0, the conversations trainer/data/split.py holds out go to `heldout_dir`
@@ -157,7 +159,8 @@ def prepare(
                           num_workers=num_workers, rows_per_shard=rows_per_shard,
                           drop_degenerate=drop_degenerate, doctor=doctor,
                           chat_template_kwargs=chat_template_kwargs, show_progress=show_progress,
-                          heldout_share=heldout_share, heldout_dir=heldout_dir, inputs=inputs or {})
+                          heldout_share=heldout_share, heldout_dir=heldout_dir, inputs=inputs or {},
+                          max_line_bytes=max_line_bytes)
     except BaseException:
         for d in dirs:
             clear_staging(d)
@@ -171,7 +174,7 @@ def _prepare(
     completions: str | Path, staged: Path, tokenizer_path: str | Path, *, max_length: int,
     num_workers: int, rows_per_shard: int, drop_degenerate: bool, doctor: DoctorConfig | None,
     chat_template_kwargs: dict[str, Any] | None, show_progress: bool, heldout_share: float,
-    heldout_dir: str | Path | None, inputs: dict[str, Any],
+    heldout_dir: str | Path | None, inputs: dict[str, Any], max_line_bytes: int | None,
 ) -> PrepareResult:
     from tqdm import tqdm
 
@@ -184,17 +187,24 @@ def _prepare(
     train = Sink(staged, rows_per_shard, doctor, drop_degenerate, "training")
     held = (Sink(staging_dir(heldout_dir), rows_per_shard, doctor, drop_degenerate, "heldout")
             if heldout_share > 0 and heldout_dir is not None else None)
-    n = 0
+    n = n_train = 0
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not show_progress,
               smoothing=0.1) as bar:
-        for row in _rows(files, tok, str(tokenizer_path), max_length, workers, chat_template_kwargs, bar):
-            (held if held is not None and is_heldout(row.split_key, heldout_share) else train).add(row)
+        for row in _rows(files, tok, str(tokenizer_path), max_length, workers, chat_template_kwargs, bar,
+                         max_line_bytes):
+            sink = held if held is not None and is_heldout(row.split_key, heldout_share) else train
+            sink.add(row)
             n += 1
+            n_train += sink is train
             if n % 256 == 0:
                 bar.set_postfix(samples=n, rate=f"{n / (time.perf_counter() - t0):.0f}/s")
     if n == 0:
         raise DataError(f"prepare: no sample in {completions} ({len(files)} files, {total_bytes} bytes, no "
                         "conversation with an answer); nothing is written (is the generate output empty?)")
+    if n_train == 0:
+        raise DataError(f"prepare: no sample left for training: all {n} samples of {completions} fall in the "
+                        f"held-out split (data.heldout_share {heldout_share}); nothing is written. Add "
+                        "conversations or lower data.heldout_share")
     meta = {"source": {"completions": str(completions), "files": [str(f) for f in files],
                        "bytes": total_bytes},
             "tokenizer": str(tokenizer_path), "max_length": max_length, "inputs": inputs}

@@ -163,10 +163,13 @@ def normalize(rec: Any, where: str) -> Conversation:
     return conv
 
 
-def iter_payloads(path: Path) -> Iterator[tuple[str, str | dict[str, Any], int]]:
+def iter_payloads(path: Path, max_line_bytes: int | None = None,
+                  ) -> Iterator[tuple[str, str | dict[str, Any], int]]:
     """(where, raw line or record, bytes of the file consumed so far) — cheap, for the parallel reader.
 
-    Lines are handed over undecoded so that JSON parsing happens in the worker processes.
+    Lines are handed over undecoded so that JSON parsing happens in the worker processes. A line longer
+    than `max_line_bytes` (data.max_line_bytes) is refused with its line number as soon as that many
+    bytes of it are read: it is never held whole, nor parsed, nor tokenised.
     """
     if path.suffix == ".json":
         size = path.stat().st_size
@@ -179,8 +182,13 @@ def iter_payloads(path: Path) -> Iterator[tuple[str, str | dict[str, Any], int]]
         import zstandard
 
         stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+    limit = -1 if max_line_bytes is None else max_line_bytes + 1
     try:
-        for lineno, line in enumerate(stream, 1):
+        for lineno, line in enumerate(iter(lambda: stream.readline(limit), b""), 1):
+            if limit > 0 and len(line) == limit and not line.endswith(b"\n"):
+                raise DataError(f"{path}:{lineno}: a line of more than {max_line_bytes} bytes "
+                                "(data.max_line_bytes); one conversation per line is far smaller: a "
+                                "damaged file? Remove that line, or raise data.max_line_bytes")
             if line.strip():
                 try:
                     text = line.decode("utf-8")

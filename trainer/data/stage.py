@@ -47,7 +47,8 @@ def stage(cfg: RunConfig) -> int:
                          num_workers=data.num_workers, rows_per_shard=data.rows_per_shard,
                          drop_degenerate=data.drop_degenerate, doctor=data.doctor,
                          heldout_share=data.heldout_share, heldout_dir=layout.heldout_shards,
-                         inputs=fresh.inputs(src, tokenizer, data, layout.heldout_shards))
+                         inputs=fresh.inputs(src, tokenizer, data, layout.heldout_shards),
+                         max_line_bytes=data.max_line_bytes)
         report(result, out, layout.heldout_shards)
         if not result.verdict.passed:
             from trainer.data.doctor import refused_flags

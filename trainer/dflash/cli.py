@@ -18,7 +18,7 @@ import argparse
 from trainer.cli_args import add_run_config_args, load_from_args
 from trainer.config import ConfigError
 from trainer.dflash.launch import in_torchrun
-from trainer.dflash.stage import refuse_restart, set_aside, stage, torchrun_command
+from trainer.dflash.stage import preflight, refuse_restart, set_aside, stage, torchrun_command
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -33,6 +33,8 @@ def _cmd(args: argparse.Namespace) -> int:
     if args.print_torchrun:
         print(" ".join(torchrun_command(cfg, args.node_rank)))
         return 0
+    if not in_torchrun():
+        preflight(cfg, args.resume)  # before --fresh moves anything
     if args.fresh:
         set_aside(cfg)
     elif not args.resume and not in_torchrun():

@@ -124,6 +124,33 @@ def preflight_device(cfg: RunConfig) -> None:
                           f"{have} CUDA device(s); set --set train.placement.nproc_per_node={have}")
 
 
+def check_target_config(cfg: RunConfig) -> None:
+    """The target's config.json, when it is there, is a JSON object naming its model_type (what
+    transformers' AutoConfig reads first); anything else is refused naming the file."""
+    path = Path(cfg.target.path) / "config.json"
+    if not path.is_file():
+        return  # the loader says what is missing (or a staging step brings it)
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as e:
+        raise ConfigError(f"{path}: the target's config.json is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the target's config.json is a JSON {type(data).__name__}, not an object "
+                          "(a transformers config with model_type)")
+    if not isinstance(data.get("model_type"), str):
+        raise ConfigError(f"{path}: the target's config.json names no model_type (a transformers config "
+                          "has one, e.g. qwen3_5)")
+
+
+def preflight(cfg: RunConfig, resume: bool) -> None:
+    """What the launcher checks before anything changes and before torchrun starts any rank: the device,
+    the target's config.json, and (resuming) the metrics file."""
+    preflight_device(cfg)
+    check_target_config(cfg)
+    if resume:
+        check_metrics(cfg)
+
+
 def stage(cfg: RunConfig, resume: bool = True) -> int:
     """The `train` stage: resumes from the run's latest checkpoint when there is one.
 
@@ -132,9 +159,7 @@ def stage(cfg: RunConfig, resume: bool = True) -> int:
     from trainer.dflash.launch import in_torchrun, launch
 
     if not in_torchrun():
-        preflight_device(cfg)
-        if resume:
-            check_metrics(cfg)
+        preflight(cfg, resume)
         if cfg.train.placement.launches_torchrun:
             return launch(cfg)
     from trainer.data.shards import DataRefused
