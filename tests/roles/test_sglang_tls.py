@@ -302,6 +302,17 @@ def _get(url: str, ca: Path | None) -> tuple[int, str]:
             time.sleep(0.1)
 
 
+def _post(url: str, ca: Path, body: dict[str, Any]) -> tuple[int, str]:
+    """(status, body) of a JSON POST to url, the server verified against ca."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ssl.create_default_context(cafile=str(ca))) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 @pytest.fixture
 def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
@@ -335,9 +346,24 @@ def test_router_standin_serves_https_and_verifies_workers_against_its_ca(
     # HTTPS only: a plain request gets no HTTP answer
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(f"http://{good}/health", timeout=10)
-    # a worker whose certificate does not verify against --ca-cert-paths is not used: 503, naming why
-    status, body = _get(f"https://{router(other[0])}/health", ca[0])
-    assert status == 503 and "CERTIFICATE_VERIFY_FAILED" in body, body
+    # a worker whose certificate does not verify against --ca-cert-paths is unhealthy, never used: the
+    # router is "alive" (/health 200, as the real one answers) but not ready, and its workers list says why
+    bad = router(other[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status, body = _get(f"https://{bad}/workers", ca[0])
+        if status == 200 and json.loads(body)["workers"][0]["last_error"] != "not checked yet":
+            break
+        time.sleep(0.2)
+    (listed,) = json.loads(body)["workers"]
+    assert listed["url"] == f"https://127.0.0.1:{worker}" and listed["is_healthy"] is False
+    assert "CERTIFICATE_VERIFY_FAILED" in listed["last_error"], listed
+    assert _get(f"https://{bad}/health", ca[0]) == (200, "OK")
+    status, body = _get(f"https://{bad}/readiness", ca[0])
+    assert status == 503
+    assert json.loads(body) == {"status": "not ready", "reason": "insufficient healthy workers"}
+    status, body = _post(f"https://{bad}/v1/chat/completions", ca[0], {"messages": []})
+    assert status == 503 and json.loads(body)["error"] == "no_available_workers"
     # the router's own certificate is verified by its clients too
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         _get(f"https://{good}/health", other[0])

@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Block until http://HOST:PORT/PATH answers 200 (ExecStartPost of sglang@.service and the router).
 
+The router's unit waits on /readiness: sglang-router answers /health 200 as soon as it runs, with no
+worker at all, and /readiness 503 "insufficient healthy workers" until one of its workers answers
+(sgl-router/src/server.rs, `readiness`). A refusal's body is in the error, so the journal says why.
+
     sglang_wait_ready.py HOST PORT [--path /health] [--timeout S] [--cafile CA.pem]
 
 With --cafile the URL is https:// and the server's certificate is verified against that CA, host name
@@ -42,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 0
                 last = f"HTTP {r.status}"
         except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}"
+            last = f"HTTP {e.code} {e.read()[:300].decode(errors='replace')}".strip()
         except OSError as e:
             last = str(e)
         time.sleep(1.0)
