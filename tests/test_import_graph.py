@@ -128,6 +128,37 @@ def test_the_trainer_package_has_no_import_cycle() -> None:
     assert not problems, "\n".join(problems)
 
 
+DISPATCHER = "trainer.cli"
+# The dispatcher's one importer: `python -m trainer`. The components take their argument helpers from
+# trainer.cli_args; trainer.generate.cli still reads them through the dispatcher until its import moves.
+DISPATCHER_IMPORTERS = {"trainer.__main__", "trainer.generate.cli"}
+
+
+def importers(graph: Mapping[str, Mapping[str, int]], module: str) -> dict[str, int]:
+    """module -> line of its first import of `module`, for every module that imports it."""
+    return {a: edges[module] for a, edges in graph.items() if module in edges}
+
+
+def test_nothing_imports_back_into_the_cli_dispatcher() -> None:
+    """The dispatcher imports the components (through `register`); an import the other way round makes
+    every helper of the dispatcher a dependency of the component and every component a dependency of
+    every other."""
+    graph = import_graph()
+    back = {a: line for a, line in importers(graph, DISPATCHER).items() if a not in DISPATCHER_IMPORTERS}
+    assert "trainer.__main__" in importers(graph, DISPATCHER)  # the graph was read
+    assert not back, "\n".join(f"{module_file(a)}:{line} imports {DISPATCHER}; take the argument helpers "
+                               "from trainer.cli_args" for a, line in sorted(back.items()))
+
+
+def test_an_import_back_into_the_dispatcher_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text("import importlib\n")
+    (pkg / "comp.py").write_text("def f():\n    from pkg.cli import g\n    return g\n")
+    assert importers(import_graph(pkg), "pkg.cli") == {"pkg.comp": 2}
+
+
 def test_a_cycle_is_found_even_through_a_function_level_import(tmp_path: Path) -> None:
     """The check can fail: a circle closed by an import inside a function is a cycle; one closed by an
     import under TYPE_CHECKING is not."""
