@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""Fetch a model directory at a pinned revision and verify it by file list and size (role model).
+"""Fetch a model directory at a pinned revision and verify it by file list, size and sha256 (role model).
 
     model_fetch.py fetch SOURCE DEST         # SOURCE: /local/path | s3://bucket/prefix | hf://org/name@sha
     model_fetch.py verify DEST [--source S]  # exit 0 when DEST matches its manifest (and source S), else 1
     model_fetch.py stage SRC DEST            # copy a verified local model to DEST (e.g. /dev/shm) unless
                                              # DEST already holds it; refuses when DEST lacks the space
 
-A fetch copies every file, then writes DEST/.model.json (source + {relative path: size}) last, so an
-interrupted fetch never verifies. Files whose size differs from the previous manifest are removed
-before the fetch, so a damaged copy is fetched again (huggingface_hub also re-checks files it finds
-against the Hub's ETag). `verify` checks the manifest against the disk (every file present with its
-size) and, when the model has a `model.safetensors.index.json`, that every shard it names is there and
-that the shards hold at least the index's `metadata.total_size` bytes.
+A fetch copies every file, then writes DEST/.model.json (source, {relative path: size} and {relative
+path: sha256}) last, so an interrupted fetch never verifies. A manifest without digests (written before
+they were recorded) does not verify, so the model is fetched again once. Files whose size differs from
+the previous manifest are removed before the fetch, so a damaged copy is fetched again (huggingface_hub
+also re-checks files it finds against the Hub's ETag). `verify` checks the manifest against the disk
+(every file present with its size) and, when the model has a `model.safetensors.index.json`, that every
+shard it names is there and that the shards hold at least the index's `metadata.total_size` bytes.
+
+`stage` trusts nothing in DEST: DEST (often under the world-writable /dev/shm) must be absent or a
+directory of this process's user that no one else may write, else it is refused (another local user made
+it); a copy there is kept only if the sha256 of every file it holds equals the model's manifest, and a new
+copy is checked the same way before it is used, so the bytes served are the bytes fetched.
 
 Standard library only, except boto3 (S3 sources) and huggingface_hub (hf:// sources), imported when
 used, and safepath.py (copied next to this file; trainer/safepath.py in the repository), which refuses
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -51,14 +58,43 @@ class ModelError(RuntimeError):
     """A model directory that cannot be used; the message names the file at fault."""
 
 
-def scan(root: Path) -> dict[str, int]:
-    """{relative path: size} of every regular file under root, the manifest and partial files excluded."""
+def scan(root: Path, links: bool = True) -> dict[str, int]:
+    """{relative path: size} of every regular file under root, the manifest and partial files excluded.
+    links=False leaves symlinks out: what a fetch writes is regular files only, so a link in a fetched
+    model was put there by someone else and is never listed, hashed or staged."""
     out = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
+        if not links and p.is_symlink():
+            continue
         if p.is_file() and rel != MANIFEST and not rel.endswith(".part") and not rel.startswith(".cache/"):
             out[rel] = p.stat().st_size
     return out
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def digests(root: Path, files: dict[str, int], workers: int = 8) -> dict[str, str]:
+    """{relative path: sha256} of the given files under root (hashlib releases the GIL: files in parallel)."""
+    names = sorted(files)
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(zip(names, pool.map(lambda rel: sha256_of(root / rel), names), strict=True))
+
+
+def check_digests(root: Path, want: dict[str, str], have: dict[str, str] | None = None) -> None:
+    """Every file's sha256 under root (or `have`, hashed already) equals want's; ModelError naming the
+    first that does not."""
+    have = digests(root, dict.fromkeys(want, 0)) if have is None else have
+    for rel in sorted(want):
+        if have.get(rel) != want[rel]:
+            raise ModelError(f"{root / rel}: content differs from the model's manifest "
+                             f"(sha256 {have.get(rel, '?')[:12]}…, manifest says {want[rel][:12]}…)")
 
 
 def check_shards(root: Path, files: dict[str, int]) -> None:
@@ -83,19 +119,30 @@ def check_shards(root: Path, files: dict[str, int]) -> None:
         raise ModelError(f"{root}: shards hold {have} bytes, fewer than the index's total_size {total}")
 
 
-def verify(root: Path, source: str | None = None) -> dict[str, int]:
-    """Check root against its manifest (and, given, the source it was fetched from); return its file sizes."""
+def manifest_of(root: Path) -> dict:
+    """root's manifest: source, files {path: size} and sha256 {path: digest}, each checked for shape."""
     mpath = root / MANIFEST
     if not mpath.is_file():
         raise ModelError(f"{root}: no {MANIFEST} (never fetched, or the fetch did not finish)")
     try:
         manifest = json.loads(mpath.read_text())
-        listed = manifest["files"]
-    except (OSError, ValueError, KeyError) as e:
+        listed, sums = manifest["files"], manifest.get("sha256")
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise ModelError(f"{mpath}: unreadable manifest ({e})") from e
+    if not isinstance(sums, dict) or set(sums) != set(listed):
+        raise ModelError(f"{mpath}: no sha256 for every file (written before digests were recorded): "
+                         f"fetch again")
+    return manifest
+
+
+def verify(root: Path, source: str | None = None) -> dict[str, int]:
+    """Check root against its manifest (and, given, the source it was fetched from); return its file sizes.
+    Sizes only: the digests are checked where the bytes are used (stage)."""
+    manifest = manifest_of(root)
+    listed = manifest["files"]
     if source is not None and manifest.get("source") != source:
         raise ModelError(f"{root}: fetched from {manifest.get('source')!r}, not {source!r}")
-    disk = scan(root)
+    disk = scan(root, links=False)
     for rel, size in listed.items():
         if rel not in disk:
             raise ModelError(f"{root / rel}: listed in the manifest but missing")
@@ -105,11 +152,11 @@ def verify(root: Path, source: str | None = None) -> dict[str, int]:
     return listed
 
 
-def _copy_local(src: Path, dest: Path, ready: Callable[[], None]) -> None:
+def _copy_local(src: Path, dest: Path, ready: Callable[[], None], only: dict[str, int] | None = None) -> None:
     if not src.is_dir():
         raise ModelError(f"{src}: model source is not a directory")
     targets = {}
-    for rel in scan(src):
+    for rel in scan(src) if only is None else only:
         try:
             targets[rel] = inside(dest, rel)
         except UnsafePathError as e:
@@ -226,7 +273,7 @@ def _drop_damaged(dest: Path) -> list[str]:
     return dropped
 
 
-def fetch(source: str, dest: Path) -> dict[str, int]:
+def fetch(source: str, dest: Path, only: dict[str, int] | None = None) -> dict[str, int]:
     """Fetch source into dest. The source is listed and every name checked first; only then are damaged
     files and the old manifest removed, so a source that fails there (a revision the repository lacks, a
     refused token, an unsafe name) leaves a good copy as it was, still verifying."""
@@ -248,23 +295,45 @@ def fetch(source: str, dest: Path) -> dict[str, int]:
             f"{source}: unsupported model source (use a path, s3://bucket/prefix or hf://org/name)"
         )
     else:
-        _copy_local(Path(source), dest, ready)
-    files = scan(dest)
+        _copy_local(Path(source), dest, ready, only)
+    files = scan(dest, links=False)
     check_shards(dest, files)
     tmp = dest / (MANIFEST + ".part")
-    tmp.write_text(json.dumps({"source": source, "files": files}, indent=1, sort_keys=True) + "\n")
+    manifest = {"source": source, "files": files, "sha256": digests(dest, files)}
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, dest / MANIFEST)
     return files
 
 
-def stage(src: Path, dest: Path) -> dict[str, int]:
-    """Copy the verified model at src to dest unless dest already holds the same files."""
-    files = verify(src)
+def _own_dir(dest: Path) -> None:
+    """Refuse a dest this process's user did not make, or that others may write (a world-writable parent
+    such as /dev/shm lets any local user create it first and fill it)."""
     try:
-        if verify(dest) == files:
+        st = dest.lstat()
+    except FileNotFoundError:
+        return
+    if not os.path.isdir(dest) or os.path.islink(dest):
+        raise ModelError(f"{dest}: exists and is not a directory; remove it")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise ModelError(
+            f"{dest}: made by uid {st.st_uid} (mode {st.st_mode & 0o777:o}), not by this service's user "
+            f"(uid {os.geteuid()}) with no group or other write: refused, since another local user could "
+            f"have placed what it holds; remove it"
+        )
+
+
+def stage(src: Path, dest: Path) -> dict[str, int]:
+    """Copy the verified model at src to dest unless dest already holds the same bytes (sha256 of every
+    file against src's manifest); a new copy is checked the same way before it is used."""
+    files = verify(src)
+    want = manifest_of(src)["sha256"]
+    _own_dir(dest)
+    if dest.is_dir() and scan(dest, links=False) == files:
+        try:
+            check_digests(dest, want)
             return files
-    except ModelError:
-        pass
+        except ModelError as e:
+            print(f"model: {e}; staging again", file=sys.stderr)
     need = sum(files.values())
     probe = dest if dest.exists() else dest.parent
     probe.mkdir(parents=True, exist_ok=True)
@@ -275,7 +344,12 @@ def stage(src: Path, dest: Path) -> dict[str, int]:
         )
     if dest.is_dir():
         shutil.rmtree(dest)
-    return fetch(str(src), dest)
+    dest.mkdir(mode=0o700, parents=True)
+    staged = fetch(str(src), dest, only=files)  # the manifest's files, nothing else found there
+    # The copy's digests (hashed from its bytes by fetch) against the source's manifest: a mismatch is a
+    # source whose bytes changed under its manifest, or a copy gone wrong.
+    check_digests(src, want, have=manifest_of(dest)["sha256"])
+    return staged
 
 
 SECRET_NAMES = ("HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
