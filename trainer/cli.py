@@ -1,23 +1,40 @@
-"""`python -m trainer ...`: the command line of the trainer package.
+"""`python -m trainer ...`: the command line of the trainer package (the dispatcher).
 
 Each component registers its own subcommands (``trainer/<component>/cli.py: register``, argument
-parsing only) and keeps its stage body in ``trainer/<component>/stage.py: stage(cfg) -> int`` so that
-`python -m trainer run RUN.yml` can run a run's stages in order (generate -> prepare -> train -> eval).
-Heavy imports (torch, transformers) happen inside the commands, never at import time, so `--help` is
-instant.
+parsing only, with the shared helpers of trainer/cli_args.py) and keeps its stage body in
+``trainer/<component>/stage.py: stage(cfg) -> int`` so that `python -m trainer run RUN.yml` can run a
+run's stages in order (generate -> prepare -> train -> eval, trainer/stages.py). Nothing imports this
+module but ``trainer/__main__.py``. Heavy imports (torch, transformers) happen inside the commands, never
+at import time, so `--help` is instant.
+
+The commands that write a run (run, train, prepare, generate) hold its one-writer lock
+(trainer/runlock.py) from here, so a second one on the same run is refused whichever it is.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
+import os
 import sys
 import traceback
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainer.config import ConfigError, RunConfig, load_run_config
+from trainer.cli_args import (
+    EXIT_BAD_INPUT,
+    EXIT_BUG,
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    EXIT_NO,
+    Parser,
+    add_run_config_args,
+    load_from_args,
+    positive_float,
+)
+from trainer.config import ConfigError
+from trainer.stages import STAGES, run_stages
 
 # stage name -> module exposing `register(subparsers)` (the component's subcommands)
 COMPONENTS = {
@@ -26,87 +43,14 @@ COMPONENTS = {
     "train": "trainer.dflash.cli",
     "eval": "trainer.eval.cli",
 }
-# stage name -> module exposing `stage(cfg) -> int`
-STAGES = {
-    "generate": "trainer.generate.stage",
-    "prepare": "trainer.data.stage",
-    "train": "trainer.dflash.stage",
-    "eval": "trainer.eval.stage",
-}
+WRITERS = ("run", "train", "prepare", "generate")  # commands that hold the run's lock
+__all__ = ["COMPONENTS", "EXIT_BAD_INPUT", "EXIT_BUG", "EXIT_NO", "STAGES", "build_parser", "main"]
 
 log = logging.getLogger("trainer")
-
-EXIT_OK = 0
-EXIT_NO = 1  # the verdict is "no": plan: does not fit; doctor, prepare, train: the data is refused
-EXIT_BAD_INPUT = 2  # run file, overrides file, --set, model config, arguments, empty input
-EXIT_BUG = 70  # an unexpected error: a bug in the trainer (the traceback under -v)
-EXIT_INTERRUPTED = 130
-EXIT_CODES = """exit codes:
-  0    ok
-  1    the verdict is "no" (plan: does not fit; doctor, prepare, train: the data is refused)
-  2    bad input (run file, overrides file, --set, model config, arguments, no valid input)
-  130  interrupted (train: after a checkpoint)
-  70   an unexpected error: a bug in the trainer (-v prints the traceback)
-  other: a stage that had to stop (generate: endpoints down, 1; train: the failed rank's code)
-"""
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2, bad input) that point to --help."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a number > 0 (`--gpu-memory-gb`)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return value
-
-
-def add_run_config_args(p: argparse.ArgumentParser) -> None:
-    """The run-config arguments every run-driven subcommand takes."""
-    p.add_argument("config", help="run config, e.g. files/runs/NAME.yml")
-    p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key (dotted path, value parsed as YAML); repeatable; wins over --overrides",
-    )
-    p.add_argument(
-        "--overrides", dest="override_files", action="append", default=[], metavar="FILE.yml",
-        help="a YAML mapping merged over the run config by the same strict loader (unknown keys are "
-        "errors); repeatable, later files win",
-    )
-
-
-def load_from_args(args: argparse.Namespace) -> RunConfig:
-    """The run config of a subcommand: run file < --overrides files < --set."""
-    return load_run_config(args.config, args.overrides, args.override_files)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     return run_stages(load_from_args(args), args.force)
-
-
-def run_stages(cfg: RunConfig, force: bool = False) -> int:
-    """Run the stages of `cfg` in order; the exit code of the first that fails, else 0."""
-    for name in cfg.stages:
-        module = importlib.import_module(STAGES[name])
-        # a stage may say its outputs are complete and match their inputs (trainer/data/fresh.py)
-        done = None if force else getattr(module, "up_to_date", lambda _cfg: None)(cfg)
-        if done:
-            log.info("run %s: stage %s skipped: %s (--force redoes it)", cfg.name, name, done)
-            continue
-        log.info("run %s: stage %s", cfg.name, name)
-        rc = module.stage(cfg)
-        if rc:
-            log.error("run %s: stage %s failed (exit %d)", cfg.name, name, rc)
-            return rc
-    return 0
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -125,39 +69,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    import json
+    from trainer.dflash.plan import run_plan
 
-    from trainer.dflash.plan import build_plan, format_plan, plan_json, read_model_config
-
-    cfg = load_from_args(args)
-    path = args.model_config or Path(cfg.target.path) / "config.json"
-    capacity = args.gpu_memory_gb or cfg.train.placement.gpu_memory_gb
-    model = read_model_config(path)
-    try:
-        plan = build_plan(cfg, model, capacity)
-    except AttributeError as e:
-        raise ConfigError(f"{path}: the model config has no {getattr(e, 'name', None) or e} (plan reads a "
-                          "transformers text config: num_hidden_layers, hidden_size, vocab_size ...); "
-                          "pass the target's config.json with --model-config") from None
-    except (TypeError, ValueError, ZeroDivisionError) as e:
-        raise ConfigError(f"{path}: a value of the model config cannot be used ({e}); pass the target's "
-                          "config.json with --model-config") from None
-    print(json.dumps(plan_json(cfg, plan), indent=2) if args.json else format_plan(cfg, plan))
-    if plan.too_big:
-        worst = max(plan.too_big, key=lambda g: g.total)
-        print(f"error: run {cfg.name} does not fit: GPU {worst.gpu} needs {worst.total / 1e9:.1f} GB "
-              f"(target weights {worst.target_weights / 1e9:.1f}, "
-              f"drafter + AdamW {worst.drafter_state / 1e9:.1f}, "
-              f"activations {(worst.target_activations + worst.drafter_activations) / 1e9:.1f}, logits "
-              f"{worst.logits_chunk / 1e9:.1f}) of {capacity:g} GB; {len(plan.too_big)} of {len(plan.gpus)} "
-              f"GPUs over. "
-              + ("Shard the drafter's state over the ranks (train.placement.strategy: fsdp), spread "
-                 if cfg.train.placement.strategy != "fsdp" else "Spread ")
-              + "target and drafter (train.placement.target_gpus / drafter_gpus), lower data.max_length, "
-              "drafter.max_anchors or loss.chunk_blocks, or use larger cards.",
-              file=sys.stderr)
-        return 1
-    return 0
+    return run_plan(load_from_args(args), args.model_config, args.gpu_memory_gb, args.json)
 
 
 def _cmd_tiny_target(args: argparse.Namespace) -> int:
@@ -235,6 +149,27 @@ def _error(message: str) -> None:
     print("error: " + " ".join(str(message).split()), file=sys.stderr)
 
 
+def _dispatch(args: argparse.Namespace) -> int:
+    """The command, under the run's lock when it writes the run (not in a torchrun rank: the launcher
+    that started the ranks holds it)."""
+    if args.command not in WRITERS or "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
+        return int(args.func(args) or 0)
+    from trainer.layout import RunLayout
+    from trainer.runlock import hold
+
+    cfg = load_from_args(args)
+    with hold(RunLayout.of(cfg).lock, f"run {cfg.name}"):
+        return int(args.func(args) or 0)
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader went away (`status | head -1`): nothing more to say, and Python's flush at exit must
+    not complain either (the documented way: point stdout at devnull)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -244,23 +179,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from trainer.runlock import RunBusy
+
     try:
-        return int(args.func(args) or 0)
+        rc = _dispatch(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handlers below, not at exit
+        return rc
     except ConfigError as e:
         _error(str(e))
         return EXIT_BAD_INPUT
+    except RunBusy as e:
+        _error(str(e))
+        return EXIT_NO
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except ModuleNotFoundError as e:  # the environment lacks a package the command needs
+        if (e.name or "trainer").partition(".")[0] == "trainer":  # a module of the trainer itself: a bug
+            return _bug(e, args.verbose)
+        _error(f"this command needs the Python package {e.name!r}, which is not installed in "
+               f"{sys.prefix}; install the trainer with its dependencies (pip install -e . in the "
+               "checkout) and retry")
+        if args.verbose:
+            traceback.print_exc()
+        return EXIT_BAD_INPUT
     except OSError as e:  # a path the input named: missing, unreadable, a directory ...
+        if e.errno == errno.EPIPE:
+            return _quiet_broken_pipe()
         where = f"{e.filename}: " if e.filename else ""
         _error(f"{where}{e.strerror or e}")
         if args.verbose:
             traceback.print_exc()
         return EXIT_BAD_INPUT
     except Exception as e:
-        _error(f"unexpected {type(e).__name__}: {e}; this is a bug in the trainer"
-               + ("" if args.verbose else " (rerun with -v for the traceback)"))
-        if args.verbose:
-            traceback.print_exc()
-        return EXIT_BUG
+        return _bug(e, args.verbose)
+
+
+def _bug(e: BaseException, verbose: bool) -> int:
+    _error(f"unexpected {type(e).__name__}: {e}; this is a bug in the trainer"
+           + ("" if verbose else " (rerun with -v for the traceback)"))
+    if verbose:
+        traceback.print_exc()
+    return EXIT_BUG

@@ -1,6 +1,8 @@
 """Where a run keeps its files: the one module that knows the run directory's layout.
 
     <run_dir>/
+        run.lock                      one writer at a time: the flock of run, train, prepare, generate
+                                      (trainer/runlock.py); it names the holder's pid, host and command
         <generate.output>/            shards of regenerated completions, manifest.json (progress)
             _state/                   spool: lock, open shards, rejects.ndjson, skipped.ndjson, progress.json,
                                       summary.json
@@ -12,6 +14,7 @@
         export/                       the drafter exported for SGLang
         metrics.jsonl                 training metrics (and wandb/ when W&B is on)
         eval/step-NNNNNNN.json        offline acceptance length of a checkpoint
+        set-aside/train-<UTC time>/   a train run's outputs moved aside by `train --fresh` (never deleted)
 
 Relative paths in the config (`run_dir`, `data.shards`, `eval.shards`) are relative to the trainer's
 working directory (`run_dir`) and to the run directory (the others); `base` resolves `run_dir` for a
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 CHECKPOINTS_DIR = "checkpoints"  # under the run dir; a run dir given as a checkpoint resolves through it
 EVAL_PATTERN = "step-*.json"
 CHECKPOINT_PATTERN = "step-*"
+LOCK_FILE = "run.lock"
 
 
 def step_name(step: int) -> str:
@@ -104,6 +108,11 @@ class RunLayout:
             completions=cfg.data.completions or str(root / cfg.generate.output),
         )
 
+    @property
+    def lock(self) -> Path:
+        """The run's one-writer lock (trainer/runlock.py)."""
+        return self.root / LOCK_FILE
+
     # -- generate ------------------------------------------------------------------------------------
     @property
     def generate_state(self) -> Path:
@@ -159,6 +168,17 @@ class RunLayout:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def train_outputs(self) -> tuple[Path, ...]:
+        """What a train run writes, all of which `train --fresh` moves aside together (a later step's
+        metrics beside an earlier run's checkpoints would tell two runs as one)."""
+        return (self.checkpoints, self.metrics, self.root / "wandb", self.export, self.eval_dir,
+                self.launch_config.parent)
+
+    def set_aside(self, stamp: str) -> Path:
+        """Where `train --fresh` moves the train outputs of an earlier run (`stamp`: a UTC time)."""
+        return self.root / "set-aside" / f"train-{stamp}"
 
     # -- eval ----------------------------------------------------------------------------------------
     @property

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.cli import add_run_config_args, load_from_args
+from trainer.cli_args import EXIT_BAD_INPUT, add_run_config_args, load_from_args
 from trainer.config import RunConfig
 from trainer.data.shards import MANIFEST as DATA_MANIFEST
 from trainer.layout import EVAL_PATTERN, RunLayout, latest_checkpoint
@@ -358,7 +358,7 @@ def _cmd(args: argparse.Namespace) -> int:
         st = run_status(cfg, window=args.window)
     except StatusError as e:
         print(f"error: run {cfg.name}: {e}", file=sys.stderr)
-        return 2  # bad input (trainer.cli.EXIT_BAD_INPUT): a run file that cannot be read
+        return EXIT_BAD_INPUT  # a run file that cannot be read
     print(json.dumps(st, indent=1) if args.json else format_status(st))
     return 0
 

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from trainer.cli import add_run_config_args, load_from_args
+from trainer.cli_args import add_run_config_args, load_from_args
 from trainer.config import ConfigError, S3Config, load_run_config
 from trainer.data.config import DoctorConfig
 from trainer.data.stage import EXIT_ERROR, EXIT_REFUSED, doctor, stage, sync

@@ -77,7 +77,14 @@ def read_model_config(path: Path) -> SimpleNamespace:
                           "pass --model-config") from e
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a model config is a JSON object (a transformers config.json), "
+                          f"this one is a {type(data).__name__}; pass the target's config.json with "
+                          "--model-config")
     text = data.get("text_config") or data
+    if not isinstance(text, dict):
+        raise ConfigError(f"{path}: text_config is a {type(text).__name__}, not an object; pass the "
+                          "target's config.json with --model-config")
     text.setdefault("tie_word_embeddings", data.get("tie_word_embeddings", False))
     return SimpleNamespace(**text)
 
@@ -279,3 +286,44 @@ def plan_json(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
                                                                "logits_chunk", "overhead")}}
                  for g in plan.gpus],
     }
+
+
+def run_plan(cfg: RunConfig, model_config: Path | None, gpu_memory_gb: float | None, as_json: bool) -> int:
+    """`python -m trainer plan`: print the plan; 1 (with the way out, on stderr) when it does not fit."""
+    import sys
+
+    if "train" not in cfg.stages:
+        needs = (f"run {cfg.name} has no train stage (stages: {', '.join(cfg.stages)}): plan sizes the "
+                 "train stage's GPUs only. The generate stage needs its SGLang endpoints "
+                 "(generate.endpoints) and no GPU of the trainer; add train to stages to plan it")
+        print(json.dumps({"run": cfg.name, "stages": list(cfg.stages), "train": None, "needs": needs},
+                         indent=2) if as_json else needs)
+        return 0
+    path = model_config or Path(cfg.target.path) / "config.json"
+    capacity = gpu_memory_gb or cfg.train.placement.gpu_memory_gb
+    model = read_model_config(path)
+    try:
+        plan = build_plan(cfg, model, capacity)
+    except AttributeError as e:
+        raise ConfigError(f"{path}: the model config has no {getattr(e, 'name', None) or e} (plan reads a "
+                          "transformers text config: num_hidden_layers, hidden_size, vocab_size ...); "
+                          "pass the target's config.json with --model-config") from None
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise ConfigError(f"{path}: a value of the model config cannot be used ({e}); pass the target's "
+                          "config.json with --model-config") from None
+    print(json.dumps(plan_json(cfg, plan), indent=2) if as_json else format_plan(cfg, plan))
+    if plan.too_big:
+        worst = max(plan.too_big, key=lambda g: g.total)
+        print(f"error: run {cfg.name} does not fit: GPU {worst.gpu} needs {worst.total / 1e9:.1f} GB "
+              f"(target weights {worst.target_weights / 1e9:.1f}, "
+              f"drafter + AdamW {worst.drafter_state / 1e9:.1f}, "
+              f"activations {(worst.target_activations + worst.drafter_activations) / 1e9:.1f}, logits "
+              f"{worst.logits_chunk / 1e9:.1f}) of {capacity:g} GB; {len(plan.too_big)} of {len(plan.gpus)} "
+              f"GPUs over. "
+              + ("Shard the drafter's state over the ranks (train.placement.strategy: fsdp), spread "
+                 if cfg.train.placement.strategy != "fsdp" else "Spread ")
+              + "target and drafter (train.placement.target_gpus / drafter_gpus), lower data.max_length, "
+              "drafter.max_anchors or loss.chunk_blocks, or use larger cards.",
+              file=sys.stderr)
+        return 1
+    return 0
