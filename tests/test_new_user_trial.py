@@ -209,7 +209,8 @@ def test_a_target_config_json_that_is_a_list_is_bad_input(tmp_path: Path) -> Non
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("[1, 2]")
     for argv, case in ((("train", str(run_file)), "train: target config.json is a list"),
-                       (("plan", str(run_file)), "plan: target config.json is a list")):
+                       (("plan", str(run_file)), "plan: target config.json is a list"),
+                       (("eval", str(run_file)), "eval: target config.json is a list")):
         p = trainer(*argv)
         line = one_line(p, case)
         assert p.returncode == 2 and "config.json" in line and "list" in line

@@ -14,7 +14,11 @@ from trainer.eval.stage import stage
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    return stage(load_from_args(args), args.checkpoint)
+    from trainer.dflash.stage import check_target_config
+
+    cfg = load_from_args(args)
+    check_target_config(cfg)  # a config.json transformers cannot read: one line, exit 2
+    return stage(cfg, args.checkpoint)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
