@@ -94,7 +94,7 @@ def test_a_second_writer_on_the_same_run_is_refused_naming_the_holder(tmp_path: 
     finally:
         holder.kill()
         holder.wait()
-    line = one_line(p, f"second {command} while a train holds the run")
+    line = one_line(p, f"second {command} while another command holds the run")
     assert p.returncode == 1
     assert f"in use by pid {holder.pid} on host " in line and "run.lock" in line
     assert sorted(q.name for q in (tmp_path / "run").iterdir()) == ["run.lock"]  # nothing written
@@ -192,6 +192,7 @@ def test_quickstart_never_reuses_a_half_built_model(tmp_path: Path, monkeypatch:
 
 
 # ----------------------------------------------------------------------- exit 70 for the user's own
+@pytest.mark.slow  # torch imported in the command (the device check)
 def test_a_cuda_run_without_a_device_is_refused_once_before_torchrun(tmp_path: Path) -> None:
     import torch
 
