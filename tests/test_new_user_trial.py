@@ -310,3 +310,21 @@ def test_plan_on_a_generate_only_run_says_what_it_needs(tmp_path: Path) -> None:
     assert p.returncode == 0 and "does not fit" not in p.stdout + p.stderr
     assert "has no train stage" in p.stdout and "generate.endpoints" in p.stdout
     print(f"\nTRIAL | plan on a generate-only run | {p.stdout.strip()} | {p.returncode}")
+
+
+def test_each_node_of_a_multi_node_run_holds_its_own_lock(tmp_path: Path) -> None:
+    """A run dir on shared storage takes one launcher per node: node 1 is not refused while node 0
+    holds the run; a second command for node 0 is."""
+    run_file = write_run(tmp_path, train={"placement": {"nnodes": 2, "rdzv_endpoint": "127.0.0.1:29400"}})
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "run" / "run.lock")], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        node1 = trainer("train", str(run_file), "--print-torchrun", "--set", "train.placement.node_rank=1")
+        node0 = trainer("train", str(run_file), "--print-torchrun")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert node1.returncode == 0 and "--node-rank=1" in node1.stdout, node1.stderr
+    assert node0.returncode == 1 and f"in use by pid {holder.pid}" in node0.stderr
+    assert (tmp_path / "run" / "run.node-1.lock").is_file()

@@ -158,7 +158,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     from trainer.runlock import hold
 
     cfg = load_from_args(args)
-    with hold(RunLayout.of(cfg).lock, f"run {cfg.name}"):
+    p = cfg.train.placement
+    with hold(RunLayout.of(cfg).node_lock(p.node_rank if p.nnodes > 1 else 0), f"run {cfg.name}"):
         return int(args.func(args) or 0)
 
 

@@ -2,7 +2,8 @@
 
     <run_dir>/
         run.lock                      one writer at a time: the flock of run, train, prepare, generate
-                                      (trainer/runlock.py); it names the holder's pid, host and command
+                                      (trainer/runlock.py); it names the holder's pid, host and command;
+                                      run.node-R.lock for node R > 0 of a multi-node run
         <generate.output>/            shards of regenerated completions, manifest.json (progress)
             _state/                   spool: lock, open shards, rejects.ndjson, skipped.ndjson, progress.json,
                                       summary.json
@@ -112,6 +113,11 @@ class RunLayout:
     def lock(self) -> Path:
         """The run's one-writer lock (trainer/runlock.py)."""
         return self.root / LOCK_FILE
+
+    def node_lock(self, node_rank: int) -> Path:
+        """The lock of one node of a multi-node run: each node's launcher writes the same run dir (shared
+        storage), so each holds its own; a second command for the same node is still refused."""
+        return self.lock if node_rank == 0 else self.root / f"run.node-{node_rank}.lock"
 
     # -- generate ------------------------------------------------------------------------------------
     @property
