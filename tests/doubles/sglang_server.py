@@ -10,7 +10,7 @@ stand-in. It needs only the Python standard library:
         [--max-running-unset] [--no-server-info] [--startup-s S] [--seed S]
         [--reasoning-parser qwen3] [--api-key KEY] [--context-length N]
         [--ssl-certfile PEM --ssl-keyfile PEM [--ssl-ca-certs PEM]]
-        [--keep-alive-s S] [--log-requests] [--holds]
+        [--keep-alive-s S] [--log-requests] [--holds] [--model-dir DIR]
 
 It serves SGLang's response shapes: GET /health, /health_generate, /get_model_info, /server_info (and its
 deprecated alias /get_server_info), /v1/models and POST /v1/chat/completions (non-streaming). The
@@ -54,6 +54,10 @@ requests in flight then see their connection reset). GET /double/stats reports c
 with --log-requests, GET /double/requests lists every chat request's messages and max_tokens. With
 --holds, a request whose last message contains "[hold-s=N]" takes N more seconds (tests use it to
 shape idle gaps and to kill a client between the turns of a conversation).
+
+Model mode: with `--model-dir DIR` the completion is what the model in DIR decodes for the request on
+the CPU (transformers; see tests/doubles/sglang_model.py for SGLang's rules it follows), so `generate`
+stores the target's own text; one request is decoded at a time, and the failure flags above still apply.
 
 HTTPS as SGLang serves it: `--ssl-certfile` and `--ssl-keyfile` (SGLang's flags; --tls-cert/--tls-key are
 older spellings of the same) make the server speak TLS only, with that certificate. The rules are SGLang's
@@ -160,6 +164,13 @@ class State:
         self.requests: list[dict] = []  # with --log-requests: messages and max_tokens of each request
         self.sampling: dict = {}  # the sampling fields of the last completion request
         self.started = time.time()
+        self.decoder = self.model_answer = None  # model mode (--model-dir)
+        if args.model_dir:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import sglang_model
+
+            self.decoder, self.model_answer = sglang_model.ModelDecoder(args.model_dir, args.seed), \
+                sglang_model.answer
 
 
 def error_body(code: int, message: str, kind: str) -> dict:
@@ -300,6 +311,14 @@ class Handler(BaseHTTPRequestHandler):
             s.sampling = {k: req[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in req}
             if a.log_requests:
                 s.requests.append({"messages": messages, "max_tokens": max_tokens})
+        if s.decoder is not None:  # model mode: the model in --model-dir writes the answer
+            with s.slots:
+                code, body = s.model_answer(s.decoder, req, a.model, a.reasoning_parser, a.context_length,
+                                            max_tokens)
+            with s.lock:
+                s.served += code == 200
+            self._send(code, body)
+            return
         tokens = completion_tokens(messages, thinking)
         finish = "stop" if len(tokens) <= max_tokens else "length"
         tokens = tokens[:max_tokens]
@@ -392,6 +411,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="idle seconds before a connection is closed (SGLANG_TIMEOUT_KEEP_ALIVE; 0 = never)")
     p.add_argument("--log-requests", action="store_true", help="keep every request for /double/requests")
     p.add_argument("--holds", action="store_true", help='honour "[hold-s=N]" in a request\'s last message')
+    p.add_argument("--model-dir", default="",
+                   help="decode with this model directory on the CPU (transformers) instead of the digest")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     if args.max_running < 1:
