@@ -146,7 +146,7 @@ def train_target(out: Path, tok: Any, lines: list[str], prompt_words: int, steps
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        recent = [*recent, float(loss)][-20:]
+        recent = [*recent, loss.item()][-20:]
         if step % 50 == 0 or step == steps - 1:
             log.info("target step %d/%d: loss %.3f", step + 1, steps, sum(recent) / len(recent))
     out.mkdir(parents=True, exist_ok=True)
@@ -260,7 +260,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
-    lines = read_corpus(args.corpus, args.prompt_words) if args.corpus else builtin_lines(args.seed)
+    lines = (read_corpus(args.corpus, args.prompt_words) if args.corpus
+             else builtin_lines(args.seed, args.words))
     if args.max_lines:
         lines = lines[:args.max_lines]
 
@@ -358,6 +359,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--corpus", type=Path, default=None,
                    help="text lines to learn (default: the built-in walks)")
     p.add_argument("--out", type=Path, default=None, help="working directory (default: a temporary one)")
+    p.add_argument("--words", type=int, default=48, help="words of the built-in language's ordering")
     p.add_argument("--prompt-words", type=int, default=3, help="words of a line that form the user turn")
     p.add_argument("--max-lines", type=int, default=0, help="use at most this many lines (0 = all)")
     p.add_argument("--target-steps", type=int, default=300, help="optimizer steps of the target (batch 8)")
