@@ -63,16 +63,19 @@ def hold(path: Path, what: str) -> Iterator[None]:
         finally:
             _held[path] = (fd, _held[path][1] - 1)
         return
+    made = [d for d in (path.parent, *path.parent.parents) if not d.exists()]  # deepest first
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        _unmake(path, made)
         raise RunBusy(f"{what}: in use by {holder(path)}; wait for it to end or stop it "
                       f"(lock {path})") from None
     except OSError:
         os.close(fd)
+        _unmake(path, made)
         raise
     _held[path] = (fd, 1)
     try:
@@ -86,3 +89,16 @@ def hold(path: Path, what: str) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
         os.close(fd)  # closing the last descriptor releases the flock
+        _unmake(path, made)
+
+
+def _unmake(path: Path, made: list[Path]) -> None:
+    """Remove the directories the lock made, with the lock file, when the command wrote nothing else in
+    them: a refused command (bad arguments, a placement that cannot run) leaves no run directory behind."""
+    if not made:
+        return
+    with contextlib.suppress(OSError):
+        if os.listdir(path.parent) == [path.name]:
+            path.unlink()
+        for d in made:  # deepest first; rmdir fails, and stops here, on any that holds something
+            d.rmdir()
