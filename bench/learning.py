@@ -15,7 +15,7 @@ follows from the last two, so a target can learn it and a drafter can predict se
 held-out prompts are walks the target and the drafter never saw (their transitions are shared).
 `--corpus FILE` (text lines) replaces it.
 
-Then the whole pipeline as a user runs it, through the trainer's own stages (`trainer.cli.run_stages`):
+Then the whole pipeline as a user runs it, through the trainer's own stages (`run_stages` of trainer/cli.py):
   generate  the prompts against the SGLang double in model mode (tests/doubles/sglang_server.py
             --model-dir: the target itself decodes, greedy, thinking split by the qwen3 parser)
   prepare   with data.heldout_share: whole conversations held out of training
