@@ -43,11 +43,18 @@ time.sleep(60)
 """
 
 
-def _start(tmp_path: Path, key: str, **env: str) -> subprocess.Popen[bytes]:
+def _start(tmp_path: Path, key: str, credential: bool = False, **env: str) -> subprocess.Popen[bytes]:
+    """The launcher running the fake server; the key in $SGLANG_API_KEY, or with `credential` as the
+    units pass it: a file in $CREDENTIALS_DIRECTORY (systemd.exec(5), LoadCredential=)."""
     (tmp_path / "fakeserver.py").write_text(FAKE_SERVER)
-    full_env = {k: v for k, v in os.environ.items() if k != "SGLANG_API_KEY"}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_API_KEY", "CREDENTIALS_DIRECTORY")}
     full_env.update(PYTHONPATH=str(tmp_path), FAKE_OUT=str(tmp_path), PYTHONUNBUFFERED="1", **env)
-    if key:
+    if key and credential:
+        creds = tmp_path / "credentials"
+        creds.mkdir(mode=0o700)
+        (creds / "sglang-api-key").write_text(key + "\n")
+        full_env["CREDENTIALS_DIRECTORY"] = str(creds)
+    elif key:
         full_env["SGLANG_API_KEY"] = key
     return subprocess.Popen(
         [sys.executable, str(LAUNCH), "fakeserver", "--port", "30000"],
@@ -90,6 +97,23 @@ def test_the_key_reaches_the_server_inside_the_process_only(tmp_path: Path) -> N
     assert "half a line with the key ******** and its end" in text, text
     assert "worker got ['--from-server']" in text, "a worker's output goes through the launcher too"
     assert proc.returncode == -signal.SIGTERM, "SIGTERM reaches the server, and the launcher ends by it too"
+
+
+def test_a_key_from_the_units_credential_is_in_no_process_environment(tmp_path: Path) -> None:
+    proc = _start(tmp_path, KEY, credential=True)
+    try:
+        server = _wait_for(tmp_path / "server.pid")
+        worker = _wait_for(tmp_path / "worker.pid")
+        time.sleep(0.3)
+        assert (tmp_path / "key_seen").read_text() == KEY, "the server did not get the credential's key"
+        for pid in (proc.pid, server, worker):
+            assert KEY.encode() not in Path(f"/proc/{pid}/environ").read_bytes(), f"key in environ of {pid}"
+            assert KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), f"key in argv of {pid}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert KEY not in out.decode()
+    assert "server_args=ServerArgs(model_path='m', api_key='********')" in out.decode()
 
 
 @pytest.mark.parametrize("code", ["0", "3"])

@@ -7,9 +7,12 @@ systemd expands ${VAR} in ExecStart= into the process's arguments (systemd.servi
 and every local user reads those in `ps`, /proc/PID/cmdline and `systemctl status`. So the units pass
 no key on their command line. This launcher:
 
-- takes the key from SGLANG_API_KEY (set by the unit's EnvironmentFile, a root-only 0600 file systemd
-  reads before it drops privileges) and removes it from the environment the server's workers inherit
-  (the launcher's own /proc/PID/environ, readable only by the service user and root, keeps it);
+- reads the key from the unit's credential `sglang-api-key` (LoadCredential=, systemd.exec(5),
+  "Credentials": systemd copies the root-only 0600 file into $CREDENTIALS_DIRECTORY, a directory only the
+  service's user reads, removed when the unit stops), so it is in no process's environment: the
+  environment a process was exec'd with stays readable in /proc/PID/environ for its whole life, whatever
+  it later removes. SGLANG_API_KEY in the environment is still taken (and removed from what the server's
+  processes inherit), for a launch outside such a unit;
 - runs MODULE as `python -m MODULE ARGS --api-key KEY` would, in a child process whose sys.argv gets
   the key: sys.argv is Python's own copy, and the kernel's copy (/proc/PID/cmdline) stays the exec'd one;
 - copies the child's stdout and stderr (and those of every process it starts, which inherit them) to
@@ -33,6 +36,7 @@ import sys
 import threading
 
 KEY_ENV = "SGLANG_API_KEY"
+CREDENTIAL = "sglang-api-key"  # LoadCredential=sglang-api-key:PATH in the unit
 MASK = b"********"
 DRAIN_S = 3.0  # seconds to copy output of processes that outlive the server
 
@@ -81,13 +85,25 @@ def _copy_redacted(read_fd: int, key: bytes) -> None:
             os.write(1, pending.replace(key, MASK))
 
 
+def read_key() -> str:
+    """The API key: the unit's credential file when systemd passed one, else $SGLANG_API_KEY; "" = none.
+    Either way SGLANG_API_KEY leaves the environment the server's processes inherit."""
+    from_env = os.environ.pop(KEY_ENV, "")
+    creds = os.environ.get("CREDENTIALS_DIRECTORY", "")
+    path = os.path.join(creds, CREDENTIAL) if creds else ""
+    if path and os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    return from_env
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-"):
         sys.stderr.write("usage: sglang_launch.py MODULE [ARGS...]\n")
         return 2
     module, args = argv[0], argv[1:]
-    key = os.environ.pop(KEY_ENV, "")
+    key = read_key()
     if not key:
         _run_module(module, args)
         return 0
