@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainer.cli import add_run_config_args, load_from_args
+from trainer.cli_args import add_run_config_args, load_from_args
 from trainer.generate.stage import stage
 
 
