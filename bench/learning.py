@@ -112,10 +112,13 @@ def build_tokenizer(lines: list[str]) -> Any:
     return fast
 
 
-def chat_ids(tok: Any, user: str, answer: str) -> list[int]:
-    text = tok.apply_chat_template([{"role": "user", "content": user},
-                                    {"role": "assistant", "content": answer}], tokenize=False)
-    return list(tok(text, add_special_tokens=False)["input_ids"])
+def chat_ids(tok: Any, user: str, answer: str) -> tuple[list[int], int]:
+    """The rendered conversation's ids and how many of them are the prompt (up to the assistant header)."""
+    prompt = [{"role": "user", "content": user}]
+    text = tok.apply_chat_template([*prompt, {"role": "assistant", "content": answer}], tokenize=False)
+    head = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    ids = tok([text, head], add_special_tokens=False)["input_ids"]
+    return list(ids[0]), len(ids[1])
 
 
 def train_target(out: Path, tok: Any, lines: list[str], prompt_words: int, steps: int, seed: int) -> float:
@@ -135,11 +138,13 @@ def train_target(out: Path, tok: Any, lines: list[str], prompt_words: int, steps
     recent: list[float] = []
     for step in range(steps):
         batch = rng.sample(seqs, min(8, len(seqs)))
-        n = max(map(len, batch))
-        ids = torch.tensor([s + [pad] * (n - len(s)) for s in batch])
-        mask = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in batch])
+        n = max(len(s) for s, _ in batch)
+        ids = torch.tensor([s + [pad] * (n - len(s)) for s, _ in batch])
+        mask = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s, _ in batch])
+        # the loss reads the answer only (as the drafter's data does): the prompt's first words are random
+        answer = torch.tensor([[0] * h + [1] * (len(s) - h) + [0] * (n - len(s)) for s, h in batch])
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        labels = ids[:, 1:].masked_fill(answer[:, 1:] == 0, -100)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         opt.zero_grad()
         loss.backward()
@@ -362,7 +367,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--words", type=int, default=48, help="words of the built-in language's ordering")
     p.add_argument("--prompt-words", type=int, default=3, help="words of a line that form the user turn")
     p.add_argument("--max-lines", type=int, default=0, help="use at most this many lines (0 = all)")
-    p.add_argument("--target-steps", type=int, default=300, help="optimizer steps of the target (batch 8)")
+    p.add_argument("--target-steps", type=int, default=600, help="optimizer steps of the target (batch 8)")
     p.add_argument("--steps", type=int, default=150, help="drafter optimizer steps per variant")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)

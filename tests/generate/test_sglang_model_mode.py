@@ -7,11 +7,16 @@ overfit two chat answers with a thinking; its greedy decode then writes them bac
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from genhelpers import read_output, write_run
+from genhelpers import DOUBLE, Double, read_output, write_run
 from test_run import run_stage
 
 pytestmark = pytest.mark.slow
@@ -59,6 +64,36 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.eval().save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+class ModelDouble(Double):
+    """The double in model mode: it loads torch and the model before it answers, so it waits longer."""
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(DOUBLE), "--port", str(self.port), *self.args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1):
+                    return
+            except OSError:
+                assert self.proc.poll() is None, f"the double exited with {self.proc.returncode}"
+                time.sleep(0.2)
+        raise RuntimeError(f"SGLang double on {self.url} did not come up")
+
+
+@pytest.fixture
+def sglang() -> Iterator[Any]:
+    started: list[Double] = []
+
+    def make(*args: str) -> Double:
+        started.append(ModelDouble(list(args)))
+        return started[-1]
+
+    yield make
+    for d in started:
+        d.stop()
 
 
 def prompts(path: Path) -> Path:
