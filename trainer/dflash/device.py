@@ -281,13 +281,6 @@ def cpu_flex_compile() -> Iterator[None]:
         set_compile_backend(backend)
 
 
-def fla_present() -> bool:
-    """Whether fla's Triton kernels will be used by transformers (GPU envs only)."""
-    import importlib.util
-
-    return importlib.util.find_spec("fla") is not None and cuda_available()
-
-
 def one_device_at_a_time(rt: Runtime, fn: Callable[[], None]) -> None:
     """Run `fn` on each rank in turn, rank 0 first (FLA's autotuner is not safe to run concurrently
     from several GPUs); every rank waits at a barrier per turn."""
