@@ -35,5 +35,8 @@ def test_pyenv_gpu_pins_match_pyproject_extras() -> None:
     for name in ("transformers", "flash-linear-attention", "triton", "wandb"):
         declared = re.findall(rf'"{re.escape(name)}==([^"]+)"', pyproject)
         assert declared and pins[name] == declared[0], (name, pins.get(name), declared)
-    # torch has one pin, requirements/torch.txt, which role pyenv adds to these (tests/test_one_owner.py).
-    assert "torch" not in pins and "torch" not in re.findall(r'"([a-z-]+)==', pyproject)
+    # torch's pin is requirements/torch.txt's, which role pyenv adds to these (tests/test_one_owner.py);
+    # pyproject.toml repeats it as a dependency of `pip install -e .` (kept equal by tests/test_install.py).
+    torch_pin = re.search(r"^torch==(\S+)", (REPO / "requirements/torch.txt").read_text(), re.M)
+    assert "torch" not in pins and torch_pin
+    assert re.findall(r'"torch==([^"]+)"', pyproject) == [torch_pin.group(1)]

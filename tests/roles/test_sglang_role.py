@@ -48,9 +48,11 @@ def test_example_b200_node_needs_the_api_key_and_a_pinned_revision() -> None:
     assert "UNREACHABLE" not in out
     out = _sglang_play("-e", "vault_sglang_api_key=k", "-e", "sglang_model_revision=main")
     assert "(got 'main')" in out, "a branch name is not a pinned revision"
-    # With both, the role goes on to ask the node's driver (unreachable here: 10.0.1.20 is the example's).
+    # With both, the role goes on to the node (unreachable here: 10.0.1.20 is the example's): its first task
+    # there reads the node's addresses, which this play (playbooks/sglang.yml, no facts) did not gather.
     out = _sglang_play("-e", "vault_sglang_api_key=k", "-e", "sglang_model_revision=" + "0" * 40)
-    assert "Ask the driver for its GPUs" in out, out[-2000:]
+    assert "Read this node's addresses when the play has not gathered them" in out, out[-2000:]
+    assert "UNREACHABLE" in out, out[-2000:]
 
 
 def test_the_install_requires_a_lock_that_pins_the_role_versions() -> None:
