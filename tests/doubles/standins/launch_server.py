@@ -7,9 +7,10 @@ named `sglang` at the pinned version (sglang_standin_wheels.py builds it) with u
 installs the real one, and the unit runs the production command `VENV/bin/python -m sglang.launch_server`.
 This module takes the launch_server arguments role sglang emits and, like SGLang's ServerArgs
 (python/sglang/srt/server_args.py, argparse), refuses any other with exit 2. It maps what the SGLang
-double understands and execs the double (`_double.py` in the same package, a copy of
-tests/doubles/sglang_server.py). Arguments the double has no use for (--tp-size,
---mem-fraction-static) are accepted and have no effect.
+double understands and serves the double (`_double.py` in the same package, a copy of
+tests/doubles/sglang_server.py) in this process, as SGLang's launch_server serves its HTTP API from its
+own process: the API key stays in memory, in no command line and no environment. Arguments the double
+has no use for (--tp-size, --mem-fraction-static) are accepted and have no effect.
 
 TLS: --ssl-certfile, --ssl-keyfile and --ssl-ca-certs (SGLang's names, server_args.py) go to the double,
 which serves HTTPS with them and refuses them as SGLang does (srt/arg_groups/serving_hook.py,
@@ -22,14 +23,13 @@ timeout (and its message naming the instance + journal tail) can be tested.
 from __future__ import annotations
 
 import argparse
-import os
+import importlib.util
 import ssl
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 DOUBLE = Path(__file__).with_name("_double.py")
-DOUBLE_KEY_ENV = "SGLANG_DOUBLE_API_KEY"  # read by the double as its --api-key default
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -115,11 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     argv_ = double_argv(args)
     sys.stderr.flush()
-    env = dict(os.environ)
-    if args.api_key:  # to the double through its environment: the key stays out of every argv
-        env[DOUBLE_KEY_ENV] = args.api_key
-    os.execve(argv_[0], argv_, env)
-    return 0  # not reached
+    # The double's main() on an argument list in memory (not an exec): the key is in no process's
+    # command line (/proc/PID/cmdline) and in no environment (/proc/PID/environ).
+    spec = importlib.util.spec_from_file_location("sglang._double", DOUBLE)
+    assert spec and spec.loader
+    double = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = double  # as an import would: dataclasses and pickling look their module up there
+    spec.loader.exec_module(double)
+    return int(double.main(argv_[2:] + (["--api-key", args.api_key] if args.api_key else [])) or 0)
 
 
 if __name__ == "__main__":
