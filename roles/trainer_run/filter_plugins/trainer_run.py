@@ -10,6 +10,11 @@ other host can reach), is refused with a message that says what to do.
 The endpoints reach the trainer in the run's overrides file (YAML, the trainer's strict loader), never on the
 unit's command line. `path | trainer_run_unit_path` guards the few paths that do stay in the unit (venv, run
 config, overrides file, staging source and destination).
+
+`hosts | trainer_run_placement(hostvars, inventory_hostname, port, rdzv_host, asked_nnodes)` makes one
+training run of the hosts of the play: each host gets `train.placement` nnodes (the number of hosts),
+node_rank (its index in inventory order) and rdzv_endpoint (the first host, torchrun's c10d rendezvous).
+`trainer_run_nccl_env(ifname, ib_hca)` is the environment that pins NCCL (and gloo) to a network.
 """
 
 from __future__ import annotations
@@ -85,9 +90,90 @@ def unit_path(path: str) -> str:
     return str(path).replace("%", "%%")
 
 
+class PlacementError(_Base):  # type: ignore[misc,valid-type]
+    """Hosts that cannot form one training run."""
+
+
+def _host_port(host: str, port: int) -> str:
+    """host:port as torchrun's parse_rendezvous_endpoint reads it (an IPv6 address in brackets)."""
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]:{port}"
+    except ValueError:
+        pass
+    return f"{host}:{port}"
+
+
+def placement(
+    hosts: Sequence[str],
+    hostvars: Mapping[str, Mapping[str, Any]],
+    me: str,
+    port: int = 29500,
+    rdzv_host: str = "",
+    asked_nnodes: int = 1,
+) -> dict[str, Any]:
+    """The `train.placement` part of host `me`'s overrides when `hosts` (inventory order) train as one run.
+
+    One host: {} (the run file's placement as is). N hosts: nnodes=N, node_rank=the index of `me`,
+    rdzv_endpoint=`rdzv_host` (else the first host's ansible_host, else its name) and `port`: every node
+    meets there (torchrun --rdzv-backend=c10d, node 0 hosts the store). A run file (with
+    trainer_run_overrides) whose nnodes > 1 differs from the number of hosts is refused,
+    naming both numbers."""
+    hosts = list(hosts)
+    n = len(hosts)
+    asked = int(asked_nnodes)
+    if asked > 1 and asked != n:
+        raise PlacementError(
+            f"the run asks train.placement.nnodes={asked} but the play has {n} host(s) ({', '.join(hosts)}): "
+            f"run it on {asked} hosts (-e train_hosts=GROUP, or trainer_run_placement_hosts), "
+            "or drop nnodes from the run file (the role sets it from the hosts)"
+        )
+    if n <= 1:
+        return {}
+    if me not in hosts:
+        raise PlacementError(f"host {me} is not one of the run's hosts ({', '.join(hosts)})")
+    if isinstance(port, bool) or not 1 <= int(port) <= 65535:
+        raise PlacementError(f"trainer_run_rdzv_port={port!r} is not a TCP port (1..65535)")
+    first = hosts[0]
+    host = str(rdzv_host or hostvars.get(first, {}).get("ansible_host") or first)
+    if _is_loopback(f"tcp://{_host_port(host, int(port))}"):
+        raise PlacementError(
+            f"the rendezvous address {host} (host {first}) is a loopback address, which the other "
+            f"{n - 1} host(s) cannot reach: set ansible_host of {first} or trainer_run_rdzv_host"
+        )
+    return {"train": {"placement": {
+        "nnodes": n,
+        "node_rank": hosts.index(me),
+        "rdzv_endpoint": _host_port(host, int(port)),
+    }}}
+
+
+def nccl_env(socket_ifname: str = "", ib_hca: str = "") -> dict[str, str]:
+    """The unit's environment that pins the run's traffic: NCCL_SOCKET_IFNAME (NCCL's bootstrap and
+    socket transport) and GLOO_SOCKET_IFNAME (gloo, the CPU backend) to `socket_ifname`, NCCL_IB_HCA to
+    `ib_hca`; each only when set, else NCCL and gloo pick an interface themselves (NCCL docs, Environment
+    Variables)."""
+    env: dict[str, str] = {}
+    for name, value in (("socket_ifname", socket_ifname), ("ib_hca", ib_hca)):
+        if any(c.isspace() or c in "\"'\\$" for c in str(value)):
+            raise PlacementError(f"trainer_run_nccl_{name}={value!r} has whitespace, quotes or $: "
+                                 "give interface names like eth0, ^docker or mlx5_0,mlx5_1")
+    if socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = str(socket_ifname)
+        # gloo takes exact interface names only (no NCCL "^" exclusion): "=eth0" (NCCL's exact match) is
+        # "eth0" to gloo, and an exclusion list leaves gloo its own choice.
+        if not str(socket_ifname).startswith("^"):
+            env["GLOO_SOCKET_IFNAME"] = str(socket_ifname).lstrip("=")
+    if ib_hca:
+        env["NCCL_IB_HCA"] = str(ib_hca)
+    return env
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "trainer_run_sglang_endpoints": sglang_endpoints,
             "trainer_run_unit_path": unit_path,
+            "trainer_run_placement": placement,
+            "trainer_run_nccl_env": nccl_env,
         }
