@@ -24,8 +24,10 @@ caller elsewhere (the controller asking for the node's paths).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,17 +59,67 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+FILES_LIST = "files.json"  # in a step dir, written last: {"files": {name: size in bytes}} of the others
+
+
+def files_problem(listed: Mapping[str, int], sizes: Mapping[str, int]) -> str | None:
+    """What keeps a checkpoint whose files list is `listed` from being complete, given the files there
+    (`sizes`: name -> size): the first listed file missing or of another size; None when all are there."""
+    for name, size in sorted(listed.items()):
+        if name not in sizes:
+            return f"{name} is missing"
+        if sizes[name] != size:
+            return f"{name} has {sizes[name]} bytes, not {size}"
+    return None
+
+
+def read_files_list(text: str) -> dict[str, int]:
+    """The {name: size} of a files.json text; ValueError when it is not one."""
+    files = json.loads(text).get("files") if text.strip().startswith("{") else None
+    if not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in files.items()):
+        raise ValueError(f"{FILES_LIST} is not a {{\"files\": {{name: size}}}} object")
+    return files
+
+
+def checkpoint_problem(step_dir: Path) -> str | None:
+    """Why `step_dir` is not a complete checkpoint, naming the file at fault; None when it is complete.
+
+    Complete: meta.json is there and every file files.json lists is there with its size (files.json is
+    written last, so a copy cut short, a file deleted or truncated afterwards is seen). A step dir with
+    meta.json and no files.json was written before the list existed: it is accepted as before, on
+    meta.json alone."""
+    if not (step_dir / "meta.json").is_file():
+        return "meta.json is missing"
+    listing = step_dir / FILES_LIST
+    if not listing.is_file():
+        return None  # an older checkpoint (no files list): complete when meta.json is there, as it was then
+    try:
+        listed = read_files_list(listing.read_text())
+    except (OSError, ValueError) as e:
+        return f"{FILES_LIST} cannot be read ({e})"
+    sizes = {name: (step_dir / name).stat().st_size for name in listed if (step_dir / name).is_file()}
+    return files_problem(listed, sizes)
+
+
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The dir named by `latest` (if complete: it has meta.json), else the newest complete step dir, else
-    None. Torch-free, so `status` can read it beside a live run."""
+    """The dir named by `latest` if it is complete (checkpoint_problem), else the newest complete step dir,
+    else None; each incomplete one passed over is logged with the file at fault. Torch-free, so `status`
+    can read it beside a live run."""
     pointer = ckpt_root / "latest"
     if pointer.is_file():
         cand = ckpt_root / pointer.read_text().strip()
-        if (cand / "meta.json").is_file():
+        problem = checkpoint_problem(cand)
+        if problem is None:
             return cand
-        log.warning("%s names %s, which is incomplete; falling back to the newest step dir", pointer, cand)
-    complete = [p for p in list_checkpoints(ckpt_root) if (p / "meta.json").is_file()]
-    return complete[-1] if complete else None
+        log.warning("%s names %s, which is incomplete (%s); falling back to the newest complete step dir",
+                    pointer, cand, problem)
+    for step_dir in reversed(list_checkpoints(ckpt_root)):
+        problem = checkpoint_problem(step_dir)
+        if problem is None:
+            return step_dir
+        log.warning("checkpoint %s is incomplete (%s): not resumed from", step_dir, problem)
+    return None
 
 
 def _under(root: Path, path: str | Path) -> Path:

@@ -7,13 +7,16 @@ Layout under ``<run_dir>/checkpoints/``::
                    state.pt              scheduler, sampler, RNG states, counters (small; every rank)
                    meta.json             step, epoch, tokens, the drafter architecture
                    config.yml            the resolved run config
+                   files.json            written last: every other file with its size in bytes
     latest                               text file naming the newest complete step dir
 
 A checkpoint is written into a hidden temp dir and renamed into place, then `latest` is replaced
-atomically: a crash mid-save leaves the previous checkpoint as `latest`. Weights and optimizer state are
-full (unsharded) and keyed by parameter name, so any strategy (fsdp, ddp, one process) and any world size
-resumes from any other. `.pt` files load with ``weights_only=True``: tensors and plain containers only,
-never pickled code.
+atomically: a crash mid-save leaves the previous checkpoint as `latest`. files.json makes completeness
+checkable where no rename is atomic (a copy to or from S3, a disk that lost a file): a step dir whose
+listed files are not all there with their sizes is never resumed from (trainer.layout.checkpoint_problem).
+Weights and optimizer state are full (unsharded) and keyed by parameter name, so any strategy (fsdp, ddp,
+one process) and any world size resumes from any other. `.pt` files load with ``weights_only=True``: tensors
+and plain containers only, never pickled code.
 """
 from __future__ import annotations
 
@@ -30,7 +33,14 @@ import torch
 import yaml
 
 from trainer.config_yaml import ConfigError
-from trainer.layout import CHECKPOINTS_DIR, latest_checkpoint, list_checkpoints, step_name
+from trainer.layout import (
+    CHECKPOINTS_DIR,
+    FILES_LIST,
+    checkpoint_problem,
+    latest_checkpoint,
+    list_checkpoints,
+    step_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +66,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """A step dir, or a checkpoints root / run dir (-> its latest). Clear error when there is none."""
     p = Path(path)
     if (p / "meta.json").is_file():
+        problem = checkpoint_problem(p)
+        if problem is not None:
+            raise CheckpointError(f"{p}: incomplete checkpoint: {problem}; give a complete step dir "
+                                  "(or the checkpoints dir, for its newest complete one)")
         return p
     for root in (p, p / CHECKPOINTS_DIR):
         found = latest_checkpoint(root)
@@ -83,6 +97,7 @@ def save_checkpoint(ckpt_root: Path, step: int, *, weights: dict[str, torch.Tens
         torch.save(optimizer, tmp / "optimizer.pt")
     (tmp / "config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     (tmp / "meta.json").write_text(json.dumps({**meta, "step": step}, indent=2, default=_json_default) + "\n")
+    write_files_list(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
@@ -92,6 +107,14 @@ def save_checkpoint(ckpt_root: Path, step: int, *, weights: dict[str, torch.Tens
     prune_checkpoints(ckpt_root, keep_last, final)
     log.info("checkpoint saved: %s", final)
     return final
+
+
+def write_files_list(step_dir: Path) -> None:
+    """files.json: every file of `step_dir` with its size, written last (a reader that finds it complete
+    finds the files it lists complete)."""
+    sizes = {p.name: p.stat().st_size for p in sorted(step_dir.iterdir())
+             if p.is_file() and p.name != FILES_LIST}
+    (step_dir / FILES_LIST).write_text(json.dumps({"files": sizes}, indent=2) + "\n")
 
 
 def prune_checkpoints(ckpt_root: Path, keep_last: int, latest: Path) -> list[Path]:
