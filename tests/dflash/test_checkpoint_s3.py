@@ -1,10 +1,14 @@
 """train.upload_checkpoints: each checkpoint is copied to s3://<bucket>/<prefix>/checkpoints/step-N/ (a real
-S3 HTTP endpoint: moto's server on loopback); the loader refuses the setting without s3.bucket."""
+S3 HTTP endpoint: moto's server on loopback); the loader refuses the setting without s3.bucket. A resume
+whose disk lacks the newest checkpoint fetches the newest complete one back, never an upload cut short."""
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from dflash_factory import random_rows
 
 from trainer.config import ConfigError, load_run_config
@@ -40,3 +44,92 @@ def test_a_failed_upload_does_not_stop_training(make_run, s3_server: Any, caplog
     result = train(load_run_config(path))
     assert result.step == 1 and result.checkpoint is not None and (result.checkpoint / "meta.json").is_file()
     assert "checkpoint upload of" in caplog.text and "failed" in caplog.text
+
+
+# -- the way back: a resume on a node whose disk lacks the newest checkpoint fetches it from S3 ----------
+
+def _bucket(s3_server: Any, name: str) -> Any:
+    from trainer.config import S3Config
+    from trainer.s3 import make_client
+
+    client = make_client(S3Config(endpoint_url=s3_server.endpoint_url))
+    client.create_bucket(Bucket=name)
+    return client
+
+
+def _uploaded(tmp_path: Path, s3: Any, *steps: int) -> Path:
+    """Step dirs saved and uploaded as a run does (save_checkpoint, upload_checkpoint); -> the local root."""
+    from trainer.dflash import checkpoint as ckpt
+
+    root = tmp_path / "node0" / "checkpoints"
+    for step in steps:
+        path = ckpt.save_checkpoint(root, step, weights={"w": torch.full((32,), float(step))},
+                                    state={"step": step}, meta={"epoch": 0}, config={"name": "x"},
+                                    keep_last=9, optimizer={"state": {}})
+        ckpt.upload_checkpoint(path, s3)
+    return root
+
+
+def test_the_upload_puts_the_files_list_last(s3_server: Any, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainer.s3
+    from trainer.config import S3Config
+
+    client = _bucket(s3_server, "order")
+    sent: list[str] = []
+    real_upload = client.upload_file
+
+    def recording(src: str, bucket: str, key: str, **kw: Any) -> Any:
+        sent.append(key.rsplit("/", 1)[1])
+        return real_upload(src, bucket, key, **kw)
+
+    client.upload_file = recording
+    monkeypatch.setattr(trainer.s3, "make_client", lambda *a, **k: client)
+    _uploaded(tmp_path, S3Config(bucket="order", prefix="r", endpoint_url=s3_server.endpoint_url), 1)
+    assert sent[-1] == "files.json" and sorted(sent[:-1]) == [
+        "config.yml", "drafter.safetensors", "meta.json", "optimizer.pt", "state.pt"]
+
+
+def test_an_incomplete_upload_is_never_chosen(s3_server: Any, tmp_path: Path, caplog: Any) -> None:
+    from trainer.config import S3Config
+    from trainer.dflash.ckpt_sync import fetch_newer, newest_remote
+
+    client = _bucket(s3_server, "partial")
+    s3 = S3Config(bucket="partial", prefix="r", endpoint_url=s3_server.endpoint_url)
+    _uploaded(tmp_path, s3, 1, 2, 3)
+    client.delete_object(Bucket="partial", Key="r/checkpoints/step-0000003/optimizer.pt")  # cut short
+    client.delete_object(Bucket="partial", Key="r/checkpoints/step-0000002/files.json")  # under way
+    assert newest_remote(client, "partial", "r/checkpoints")[0] == "step-0000001"
+    assert "step-0000003 is incomplete (optimizer.pt is missing)" in caplog.text
+    assert "step-0000002 has no files.json" in caplog.text
+    other = tmp_path / "node1" / "checkpoints"  # another node: nothing local
+    got = fetch_newer(other, s3, client)
+    assert got == other / "step-0000001" and (other / "latest").read_text() == "step-0000001\n"
+    assert sorted(p.name for p in got.iterdir()) == [
+        "config.yml", "drafter.safetensors", "files.json", "meta.json", "optimizer.pt", "state.pt"]
+    assert not list(other.glob(".fetch-*"))
+    # a local checkpoint as new as S3's newest complete one: nothing is fetched
+    assert fetch_newer(other, s3, client) is None
+
+
+@pytest.mark.slow
+def test_a_resume_on_another_node_continues_from_the_s3_checkpoint(
+        make_run, s3_server: Any, tmp_path: Path, caplog: Any) -> None:
+    import logging
+
+    from trainer.layout import RunLayout
+
+    _bucket(s3_server, "resume")
+    path = make_run(rows=random_rows(4, 32, seed=9), drafter={"max_anchors": 4, "block_size": 4},
+                    train={"max_steps": 2, "save_every": 1, "keep_last": 1, "batch_size": 2,
+                           "upload_checkpoints": True},
+                    s3={"bucket": "resume", "prefix": "runs/y", "endpoint_url": s3_server.endpoint_url})
+    assert train(load_run_config(path)).step == 2
+    root = RunLayout.of(load_run_config(path)).checkpoints
+    shutil.rmtree(root)  # the node that resumes has none of them
+    cfg = load_run_config(path, ["train.max_steps=3"])
+    with caplog.at_level(logging.INFO):
+        result = train(cfg, resume=True)
+    assert "resume: fetched step-0000002" in caplog.text
+    assert f"resumed from {root / 'step-0000002'} at step 2" in caplog.text
+    assert result.step == 3

@@ -33,6 +33,7 @@ import torch
 import yaml
 
 from trainer.config_yaml import ConfigError
+from trainer.dflash.ckpt_sync import point_latest
 from trainer.layout import (
     CHECKPOINTS_DIR,
     FILES_LIST,
@@ -101,9 +102,7 @@ def save_checkpoint(ckpt_root: Path, step: int, *, weights: dict[str, torch.Tens
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
-    pointer_tmp = ckpt_root / f".latest.tmp-{os.getpid()}"
-    pointer_tmp.write_text(final.name + "\n")
-    os.replace(pointer_tmp, ckpt_root / "latest")
+    point_latest(ckpt_root, final)
     prune_checkpoints(ckpt_root, keep_last, final)
     log.info("checkpoint saved: %s", final)
     return final
@@ -188,13 +187,19 @@ def _json_default(o: Any) -> Any:
 
 
 def upload_checkpoint(path: Path, s3: Any) -> str:
-    """Copy a step dir to ``s3://<bucket>/<prefix>/checkpoints/<step dir>/`` (`s3`: an S3Config); -> URL."""
+    """Copy a step dir to ``s3://<bucket>/<prefix>/checkpoints/<step dir>/`` (`s3`: an S3Config); -> URL.
+    files.json goes last, once every other file is there and verified: an S3 step dir with it is whole
+    (trainer.dflash.ckpt_sync fetches no other)."""
     from trainer.data.sync import S3Sync
     from trainer.s3 import join_key, make_client
 
     key = join_key(s3.prefix, "checkpoints", path.name)
     client = make_client(s3, max_pool_connections=s3.concurrency * 8 + 4)
-    S3Sync(client, s3.bucket, key, concurrency=s3.concurrency, show_progress=False).upload(path)
+    for include in ((lambda rel: rel != FILES_LIST), (lambda rel: rel == FILES_LIST)):
+        if include(FILES_LIST) and not (path / FILES_LIST).is_file():
+            break  # a step dir from before the list: its files, and no list
+        S3Sync(client, s3.bucket, key, concurrency=s3.concurrency, show_progress=False,
+               include=include).upload(path)
     url = f"s3://{s3.bucket}/{key}"
     log.info("checkpoint uploaded: %s", url)
     return url

@@ -125,6 +125,37 @@ class Trainer:
             dev.barrier()
         return path
 
+    def _fetch_from_s3(self) -> None:
+        """With train.upload_checkpoints, the first rank of each node fetches the newest complete S3
+        checkpoint when its disk has none as new (another node, a replaced disk); every rank then waits
+        for it. A fetch that fails leaves the local checkpoints as they are (the S3 copy stays)."""
+        if not self.cfg.train.upload_checkpoints:
+            return
+        if self.rt.local_rank == 0:
+            from trainer.dflash.ckpt_sync import fetch_newer
+
+            try:
+                fetch_newer(self.ckpt_root, self.cfg.s3)
+            except Exception as e:
+                log.error("resume: fetching the newest checkpoint from s3 failed (%s); resuming from the "
+                          "local checkpoints under %s", e, self.ckpt_root)
+        if self.rt.distributed:
+            dev.barrier()
+
+    def _check_same_step(self) -> None:
+        """Every rank resumes at one step: ranks that read different checkpoints (one node's disk newer
+        than S3 and another's) would train on different samplers and schedules, so that is refused."""
+        if not self.rt.distributed:
+            return
+        s = float(self.step)
+        sums = dev.all_reduce_sum(torch.tensor([s, s * s], dtype=torch.float64, device=self.rt.device))
+        n = self.rt.world_size
+        if abs(sums[0].item() ** 2 - n * sums[1].item()) > 0.5:  # equal steps iff (sum s)^2 = n sum s^2
+            raise ckpt.CheckpointError(
+                f"rank {self.rt.rank} resumes at step {self.step} but the ranks' steps differ (mean "
+                f"{sums[0].item() / n:g}): the nodes' checkpoints under {self.ckpt_root} differ; give every "
+                "node the same newest checkpoint (train.upload_checkpoints fetches it from S3)")
+
     def _upload(self, path: Path) -> None:
         try:
             ckpt.upload_checkpoint(path, self.cfg.s3)
@@ -225,11 +256,13 @@ class Trainer:
     def _run(self) -> TrainResult:
         cfg, t, rt = self.cfg, self.cfg.train, self.rt
         if self.resume:
+            self._fetch_from_s3()
             found = ckpt.latest_checkpoint(self.ckpt_root)
             if found is None:
                 log.warning("--resume: no checkpoint under %s; starting from step 0", self.ckpt_root)
             else:
                 self.load(found)
+            self._check_same_step()
         shapes = self.sampler.shapes()
         dev.configure_compile(num_shapes=len(shapes))  # one flex compilation per batch shape, never more
         dev.warm_up_target(rt, self.target, tuple(sorted({n for _, n in shapes})))
