@@ -91,3 +91,47 @@ def test_resume_skips_the_checkpoint_that_lost_its_optimizer_state(
     assert "optimizer.pt is missing" in caplog.text
     assert f"resumed from {root / 'step-0000001'} at step 1" in caplog.text
     assert checkpoint_problem(root / "step-0000002") is None  # step 2 written anew, complete
+
+
+_SAME_STEP = """
+import sys, types, torch, torch.distributed as dist
+from pathlib import Path
+from trainer.dflash.checkpoint import CheckpointError
+from trainer.dflash.device import Runtime
+from trainer.dflash.loop import Trainer
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+rt = Runtime(torch.device("cpu"), torch.device("cpu"), rank, rank, 2)
+for steps in ((4, 4), (6, 4)):
+    me = types.SimpleNamespace(rt=rt, step=steps[rank], ckpt_root=Path("/run/checkpoints"))
+    try:
+        Trainer._check_same_step(me)
+        print(rank, steps, "ok", flush=True)
+    except CheckpointError as e:
+        print(rank, steps, "refused:", e, flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_ranks_that_resume_at_different_steps_are_refused(tmp_path: Path) -> None:
+    """Two real gloo ranks (torchrun): at one step they go on; at steps 6 and 4 (one node's disk newer than
+    the other's) every rank refuses, naming its step."""
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "same_step.py"
+    script.write_text(_SAME_STEP)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", str(script)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    assert "0 (4, 4) ok" in out and "1 (4, 4) ok" in out, out
+    assert "0 (6, 4) refused: rank 0 resumes at step 6 but the ranks' steps differ (mean 5)" in out, out
+    assert "1 (6, 4) refused: rank 1 resumes at step 4" in out, out
