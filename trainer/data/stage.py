@@ -64,11 +64,44 @@ def stage(cfg: RunConfig) -> int:
                 return EXIT_ERROR
             for local, rel in ((out, data.shards), (layout.heldout_shards, data.heldout_shards)):
                 if local == out or result.heldout is not None:
-                    s3_sync(cfg.s3, f"s3://{cfg.s3.bucket}/{join_key(cfg.s3.prefix, rel)}").upload(local)
+                    url = f"s3://{cfg.s3.bucket}/{join_key(cfg.s3.prefix, rel)}"
+                    upload_manifest_last(cfg.s3, local, url)
     except (DataError, SyncError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     return 0
+
+
+def upload_manifest_last(s3: S3Config, local: Path, url: str, concurrency: int | None = None) -> Any:
+    """Upload a dir whose manifest.json says what is whole (a shards dir) so that the manifest is never
+    on S3 beside files it does not describe: an S3 manifest that differs from the local one is deleted
+    first, then every other file is uploaded (verified), then manifest.json. A reader (the train
+    launcher of another node, trainer/data/shard_fetch.py) that finds no manifest knows the copy is
+    incomplete. A dir without manifest.json is uploaded as it is. -> the stats of both uploads."""
+    from trainer.data.shards import MANIFEST
+    from trainer.data.sync import SyncError
+    from trainer.s3 import join_key
+
+    if not (local / MANIFEST).is_file():
+        return s3_sync(s3, url, concurrency).upload(local)
+    syncer = s3_sync(s3, url, concurrency)
+    key = join_key(syncer.prefix, MANIFEST)
+    try:
+        there = syncer.client.get_object(Bucket=syncer.bucket, Key=key)["Body"].read()
+    except Exception as e:
+        if str((getattr(e, "response", None) or {}).get("Error", {}).get("Code", "")) not in (
+                "NoSuchKey", "404", "NotFound"):
+            raise SyncError(f"cannot read s3://{syncer.bucket}/{key} ({syncer.where}): {e}") from e
+        there = None
+    if there is not None and there != (local / MANIFEST).read_bytes():
+        syncer.client.delete_object(Bucket=syncer.bucket, Key=key)
+    syncer.include = lambda rel: rel != MANIFEST
+    files = syncer.upload(local)
+    syncer.include = lambda rel: rel == MANIFEST
+    last = syncer.upload(local)
+    for f in ("files", "transferred", "skipped", "bytes", "retries", "unverified", "seconds"):
+        setattr(last, f, getattr(last, f) + getattr(files, f))
+    return last
 
 
 def local_completions(cfg: RunConfig, layout: RunLayout) -> str:
@@ -143,8 +176,10 @@ def doctor(data: Path, cfg: DoctorConfig, *, tokenizer: str | None = None, max_l
 
 def sync(direction: str, local: str | Path, url: str, s3: S3Config, concurrency: int | None = None) -> str:
     """Download (`down`) or upload (`up`) a directory; -> the one-line report."""
-    syncer = s3_sync(s3, url, concurrency)
-    stats = (syncer.download if direction == "down" else syncer.upload)(local)
+    if direction == "up":
+        stats = upload_manifest_last(s3, Path(local), url, concurrency)
+    else:
+        stats = s3_sync(s3, url, concurrency).download(local)
     return (f"sync {direction}: {stats.files} files, {stats.transferred} transferred, "
             f"{stats.skipped} already in place, {stats.bytes / 1e6:.1f} MB in {stats.seconds:.1f}s "
             f"({stats.mb_per_s:.1f} MiB/s), {stats.retries} retries, "
