@@ -212,6 +212,12 @@ class RunLayout:
 
     # -- train ---------------------------------------------------------------------------------------
     @property
+    def compile_cache(self) -> Path:
+        """torch.compile's inductor and Triton caches: under the run, so a relaunch (the unit's PrivateTmp
+        is a new /tmp each time) reuses the kernels the last launch compiled."""
+        return self.root / "cache"
+
+    @property
     def launch_config(self) -> Path:
         return self.root / "launch" / "config.yml"
 

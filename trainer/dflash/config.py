@@ -97,6 +97,9 @@ class PlacementConfig:
     node_rank: int = 0  # this node's rank (multi-node: --set train.placement.node_rank=N per node)
     rdzv_endpoint: str = "localhost:29500"  # host:port of the c10d rendezvous (node 0's address multi-node)
     rdzv_id: str = ""  # "" = the run name
+    # how long a collective may wait for the slowest rank before the process group fails the job (minutes);
+    # torch's NCCL default is 10, which the first steps' compiles or rank 0's checkpoint write can exceed
+    timeout_min: float = 60.0
     # memory of one GPU, for `python -m trainer plan` (and its refusal); 80 = an H100/A100 80 GB, the
     # smallest card the 27B recipe is run on. Set 96 (96 GB cards), 141 (H200) or 180 (B200).
     gpu_memory_gb: float = 80.0
@@ -117,6 +120,8 @@ class PlacementConfig:
         if self.drafter_gpus and len(self.drafter_gpus) != self.nproc_per_node:
             raise ValueError(f"train.placement.drafter_gpus has {len(self.drafter_gpus)} entries, "
                              f"nproc_per_node is {self.nproc_per_node} (one drafter GPU per local rank)")
+        if self.timeout_min <= 0:
+            raise ValueError(f"train.placement.timeout_min must be > 0, got {self.timeout_min}")
         if self.gpu_memory_gb <= 0:
             raise ValueError(f"train.placement.gpu_memory_gb must be > 0, got {self.gpu_memory_gb}")
         if self.gpu_peak_tflops < 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -86,11 +87,12 @@ def dist_backend(rt: Runtime) -> str:
     return "nccl" if rt.device.type == "cuda" else "gloo"
 
 
-def init_distributed(rt: Runtime) -> None:
-    """Join torchrun's process group (c10d rendezvous env) when WORLD_SIZE > 1."""
+def init_distributed(rt: Runtime, timeout_min: float = 60.0) -> None:
+    """Join torchrun's process group (c10d rendezvous env) when WORLD_SIZE > 1; a collective that waits
+    longer than `timeout_min` for a rank fails the job (train.placement.timeout_min)."""
     if not rt.distributed or torch.distributed.is_initialized():
         return
-    kwargs: dict[str, Any] = {"backend": dist_backend(rt)}
+    kwargs: dict[str, Any] = {"backend": dist_backend(rt), "timeout": datetime.timedelta(minutes=timeout_min)}
     if rt.device.type == "cuda":
         kwargs["device_id"] = rt.device
     torch.distributed.init_process_group(**kwargs)

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -40,6 +41,37 @@ log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 270  # below the unit's TimeoutStopSec (trainer_run_stop_timeout_s, 600 by default)
 INTERRUPTED = 130
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def runtime_env(cfg: RunConfig, environ: Mapping[str, str], cpus: int | None = None) -> dict[str, str]:
+    """What the ranks' environment gets for a long run, each only where the environment does not set it:
+
+    - ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` under the run directory: both default to /tmp,
+      which the unit makes private (PrivateTmp=true, a new one each start), so every relaunch would compile
+      every kernel again;
+    - ``TORCHINDUCTOR_COMPILE_THREADS``: the node's CPUs shared between its ranks (inductor otherwise starts
+      up to 32 compile workers in each rank, all at once on the first steps);
+    - ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: the fused loss's last chunk and the bucket
+      lengths vary from step to step, and expandable segments let the caching allocator grow a segment
+      instead of fragmenting memory (torch's CUDA memory-management notes).
+    """
+    cache = RunLayout.of(cfg).compile_cache
+    n = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    want = {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, n // cfg.train.placement.nproc_per_node)),
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
+    return {k: v for k, v in want.items() if k not in environ}
+
+
+def apply_runtime_env(cfg: RunConfig) -> dict[str, str]:
+    """Set `runtime_env` in this process (before torch compiles or touches CUDA, so it applies to this
+    process and every rank it starts); returns what was set."""
+    added = runtime_env(cfg, os.environ)
+    os.environ.update(added)
+    return added
 
 
 def in_torchrun() -> bool:
