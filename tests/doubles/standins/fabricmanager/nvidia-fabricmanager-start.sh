@@ -17,7 +17,12 @@
 # stand-in Fabric Manager daemon, each writing its pid file, and exits (the unit is Type=forking); the
 # stand-in nvidia-smi reports fabric Completed/Success once both pid files name live processes. It refuses
 # to start without ibstat (package infiniband-diags, which NVIDIA installs beside nvlsm: ubuntu24.04/install.sh,
-# nvlink5_pkgs_install) or without the nvlsm package.
+# nvlink5_pkgs_install), without the nvlsm package, or without the ib_umad kernel module: NVLSM reaches the
+# NVLink switches through ib_umad's /dev/infiniband/umad*, and NVIDIA's driver container waits for mlx5_core
+# and ib_umad before it runs this script (ubuntu24.04/nvidia-driver, _ensure_nvlink5_prerequisites). A
+# container cannot load kernel modules, so the stand-in reads /run/standin-sys/module/ib_umad, which the
+# stand-in modprobe (standin-modprobe, this directory) makes in place of the kernel's /sys/module/ib_umad;
+# the real /sys/module/ib_umad counts too (STANDIN_SYS_MODULE, for tests, names another directory).
 set -eu
 
 NVLSM=/opt/nvidia/nvlsm/sbin/nvlsm
@@ -51,6 +56,11 @@ case "$mode" in
             exit 2
         }
         echo "Detected NVL5+ system (stand-in)"
+        [ -d /sys/module/ib_umad ] || [ -d "${STANDIN_SYS_MODULE:-/run/standin-sys/module}/ib_umad" ] || {
+            echo "nvidia-fabricmanager-start.sh (stand-in): kernel module ib_umad is not loaded (NVLSM needs" \
+                "/dev/infiniband/umad*): modprobe ib_umad" >&2
+            exit 1
+        }
         command -v ibstat >/dev/null 2>&1 || {
             echo "nvidia-fabricmanager-start.sh (stand-in): ibstat not found (install infiniband-diags)" >&2
             exit 1
