@@ -1,6 +1,7 @@
 """train.upload_checkpoints: each checkpoint is copied to s3://<bucket>/<prefix>/checkpoints/step-N/ (a real
 S3 HTTP endpoint: moto's server on loopback); the loader refuses the setting without s3.bucket. A resume
-whose disk lacks the newest checkpoint fetches the newest complete one back, never an upload cut short."""
+whose disk lacks the newest checkpoint fetches the newest complete one back, never an upload cut short, in
+the train launcher before any rank starts."""
 from __future__ import annotations
 
 import shutil
@@ -13,6 +14,8 @@ from dflash_factory import random_rows
 
 from trainer.config import ConfigError, load_run_config
 from trainer.dflash.loop import train
+from trainer.dflash.stage import stage
+from trainer.layout import latest_checkpoint
 
 
 def test_checkpoints_are_uploaded(make_run, s3_server: Any) -> None:
@@ -129,7 +132,23 @@ def test_a_resume_on_another_node_continues_from_the_s3_checkpoint(
     shutil.rmtree(root)  # the node that resumes has none of them
     cfg = load_run_config(path, ["train.max_steps=3"])
     with caplog.at_level(logging.INFO):
-        result = train(cfg, resume=True)
-    assert "resume: fetched step-0000002" in caplog.text
-    assert f"resumed from {root / 'step-0000002'} at step 2" in caplog.text
-    assert result.step == 3
+        assert stage(cfg, resume=True) == 0  # the launcher fetches, then the loop resumes from it
+    fetched, resumed = (caplog.text.index(s) for s in (
+        "resume: fetched step-0000002", f"resumed from {root / 'step-0000002'} at step 2"))
+    assert fetched < resumed
+    assert latest_checkpoint(root) == root / "step-0000003"
+
+
+def test_the_loop_itself_fetches_nothing(make_run, s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside the ranks the process group is up: a download there would hold every other rank in a
+    barrier under NCCL's timeout, so only the launcher (stage) fetches."""
+    import trainer.dflash.ckpt_sync
+
+    calls: list[Any] = []
+    monkeypatch.setattr(trainer.dflash.ckpt_sync, "fetch_newer", lambda *a, **k: calls.append(a))
+    _bucket(s3_server, "in-loop")
+    path = make_run(rows=random_rows(4, 32, seed=10), drafter={"max_anchors": 4, "block_size": 4},
+                    train={"max_steps": 1, "save_every": 1, "batch_size": 2, "upload_checkpoints": True},
+                    s3={"bucket": "in-loop", "endpoint_url": s3_server.endpoint_url})
+    assert train(load_run_config(path), resume=True).step == 1
+    assert calls == []

@@ -1,5 +1,7 @@
 """Checkpoints back from S3: a resume on a node whose disk lacks the run's newest checkpoint (another node,
-a replaced disk) fetches it from where `train.upload_checkpoints` put it.
+a replaced disk) fetches it from where `train.upload_checkpoints` put it. The train launcher of each node
+does this (trainer.dflash.stage.fetch_inputs) before torchrun starts any rank, so no rank waits for the
+download in a barrier under NCCL's timeout.
 
     s3://<bucket>/<prefix>/checkpoints/step-NNNNNNN/   the files of a step dir; files.json uploaded last
 

@@ -151,6 +151,32 @@ def preflight(cfg: RunConfig, resume: bool) -> None:
         check_metrics(cfg)
 
 
+def fetch_inputs(cfg: RunConfig, resume: bool) -> None:
+    """What each node's launcher brings from S3 before torchrun starts any rank, so that no rank waits in
+    a barrier (under NCCL's collective timeout) for a download: the run's shards when `data.upload_shards`
+    put them there (trainer.data.shard_fetch: fetched only when this node's copy differs, verified, swapped
+    in whole), and, resuming with `train.upload_checkpoints`, the newest complete S3 checkpoint when this
+    node's disk has none as new (trainer.dflash.ckpt_sync). Shards that cannot be fetched whole are
+    refused (ConfigError naming the URL or file); a checkpoint fetch that fails leaves the local
+    checkpoints as they are (the S3 copy stays), and the ranks' same-step check decides."""
+    from trainer.data.shard_fetch import ShardFetchError, ensure_shards
+
+    try:
+        ensure_shards(cfg)
+    except ShardFetchError as e:
+        raise ConfigError(f"run {cfg.name}: {e}") from None
+    if not (resume and cfg.train.upload_checkpoints):
+        return
+    from trainer.dflash.ckpt_sync import fetch_newer
+
+    root = RunLayout.of(cfg).checkpoints
+    try:
+        fetch_newer(root, cfg.s3)
+    except Exception as e:  # S3 unreachable or changing under the fetch: the local checkpoints still serve
+        log.error("resume: fetching the newest checkpoint from s3 failed (%s); resuming from the local "
+                  "checkpoints under %s", e, root)
+
+
 def stage(cfg: RunConfig, resume: bool = True) -> int:
     """The `train` stage: resumes from the run's latest checkpoint when there is one.
 
@@ -160,6 +186,7 @@ def stage(cfg: RunConfig, resume: bool = True) -> int:
 
     if not in_torchrun():
         preflight(cfg, resume)
+        fetch_inputs(cfg, resume)  # once per node, before any rank or process group exists
         if cfg.train.placement.launches_torchrun:
             return launch(cfg)
     from trainer.data.shards import DataRefused
