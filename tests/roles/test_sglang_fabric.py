@@ -1,4 +1,4 @@
-"""Role sglang's Fabric Manager rule and the stand-in nvidia-smi's fabric state.
+"""Role cuda_repo's Fabric Manager rule (roles sglang and nvidia_open) and the stand-in nvidia-smi's fabric.
 
 The package names follow NVIDIA's driver container (github.com/NVIDIA/gpu-driver-container,
 ubuntu24.04/precompiled/nvidia-driver: fabricmanager_install, nscq_install): from driver branch 580 on
@@ -19,28 +19,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = ROOT / "roles/sglang/filter_plugins/sglang_fabric.py"
-spec = importlib.util.spec_from_file_location("sglang_fabric", PLUGIN)
+PLUGIN = ROOT / "roles/cuda_repo/filter_plugins/cuda_repo_fabric.py"
+spec = importlib.util.spec_from_file_location("cuda_repo_fabric", PLUGIN)
 sglang_fabric = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sglang_fabric)
 NVIDIA_SMI = ROOT / "tests/doubles/standins/nvidia-smi"
 
 
 def test_branch_595_uses_the_names_without_branch_pinned_to_the_driver_version() -> None:
-    assert sglang_fabric.sglang_fabric_packages("595.71.05") == [
+    assert sglang_fabric.cuda_repo_fabric_packages("595.71.05") == [
         "nvidia-fabricmanager=595.71.05-*",
         "libnvidia-nscq=595.71.05-*",
     ]
-    names = sglang_fabric.sglang_fabric_package_names("595.71.05")
+    names = sglang_fabric.cuda_repo_fabric_package_names("595.71.05")
     assert names == ["nvidia-fabricmanager", "libnvidia-nscq"]
 
 
 def test_branch_570_uses_the_names_with_the_branch() -> None:
-    assert sglang_fabric.sglang_fabric_packages("570.195.03") == [
+    assert sglang_fabric.cuda_repo_fabric_packages("570.195.03") == [
         "nvidia-fabricmanager-570=570.195.03-*",
         "libnvidia-nscq-570=570.195.03-*",
     ]
-    assert sglang_fabric.sglang_fabric_package_names("570.195.03") == [
+    assert sglang_fabric.cuda_repo_fabric_package_names("570.195.03") == [
         "nvidia-fabricmanager-570",
         "libnvidia-nscq-570",
     ]
@@ -56,14 +56,14 @@ def test_branch_570_uses_the_names_with_the_branch() -> None:
     ],
 )
 def test_the_branch_is_the_first_field(version: str, names: list[str]) -> None:
-    assert sglang_fabric.sglang_fabric_package_names(version) == names
+    assert sglang_fabric.cuda_repo_fabric_package_names(version) == names
     assert sglang_fabric.driver_branch(version) == int(version.split(".")[0])
 
 
 def test_the_pin_matches_the_repository_revisions_and_nothing_longer() -> None:
     from fnmatch import fnmatch
 
-    (fm, _) = sglang_fabric.sglang_fabric_packages("595.71.05")
+    (fm, _) = sglang_fabric.cuda_repo_fabric_packages("595.71.05")
     pattern = fm.split("=", 1)[1]
     assert fnmatch("595.71.05-1ubuntu1", pattern)
     assert fnmatch("595.71.05-1", pattern)
@@ -74,7 +74,7 @@ def test_the_pin_matches_the_repository_revisions_and_nothing_longer() -> None:
 @pytest.mark.parametrize("bad", ["", "595", "595.71.05,580.95.05", "v595.71.05", None])
 def test_anything_but_one_driver_version_is_refused(bad: object) -> None:
     with pytest.raises(sglang_fabric.DriverVersionError, match="one version as nvidia-smi reports it"):
-        sglang_fabric.sglang_fabric_packages(bad)
+        sglang_fabric.cuda_repo_fabric_packages(bad)
 
 
 def _smi(cfg: Path) -> list[str]:
