@@ -4,12 +4,14 @@ with the gloo backend (NCCL's stand-in on CPU), the drafter sharded by FSDP2.
 
 The meter is checked against the data: the tokens and samples the run reports equal those of the batches
 the samplers handed out. The 2-rank checkpoint is then resumed on 1 rank, which finishes the epoch: every
-row of the epoch is trained on (only padding batches repeat)."""
+row of the epoch is trained on (only padding batches repeat), and the learning rate goes on along the curve
+of an uninterrupted 1-rank run."""
 from __future__ import annotations
 
 import itertools
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -50,6 +52,7 @@ def test_two_ranks_fsdp_count_each_token_once_then_resume_on_one_rank(make_run) 
     path = make_run(rows=rows, data={"max_length": max_length},
                     drafter={"max_anchors": 4, "block_size": 4},
                     train={"epochs": 1, "max_steps": 0, "save_every": 0, "batch_size": 2, "log_every": 2,
+                           "warmup_ratio": 0.2, "min_lr_ratio": 0.1,
                            "placement": {"nproc_per_node": 2, "strategy": "fsdp"}})
     cfg = load_run_config(path)
     run_path = RunLayout.of(cfg).root
@@ -89,3 +92,14 @@ def test_two_ranks_fsdp_count_each_token_once_then_resume_on_one_rank(make_run) 
     trained = {i for b in left for i in b} | {i for r in per_rank for b in r for i in b}
     assert trained == set(range(len(rows)))  # every row of the epoch, across the change of world size
     assert (run_path / "export" / "model.safetensors").is_file()
+
+    # the schedule follows the batches consumed over all ranks, not a step count: after the change of
+    # world size each step runs at the lr of the step of an uninterrupted 1-rank run that ends at the
+    # same point of the run (the noise annealing reads the same progress)
+    plain_dir = run_path.parent / "plain"
+    shutil.copytree(run_path / "shards", plain_dir / "shards")
+    train(load_run_config(path, ["train.placement.nproc_per_node=1", f"run_dir={plain_dir}"]))
+    plain = {x["progress"]: x["lr"] for x in _metrics(plain_dir)}
+    assert len(one) >= 3 and two[-1]["progress"] < one[0]["progress"]
+    for x in one:
+        assert x["lr"] == pytest.approx(plain[x["progress"]], rel=1e-6, abs=1e-12), (x, plain)

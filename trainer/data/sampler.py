@@ -87,6 +87,10 @@ class BucketBatchSampler:
         self.epoch = 0
         self.position = 0  # groups (steps) of this epoch's plan already yielded
         self.base: list[int] = []  # batches per bucket consumed before this epoch's plan began ([] = none)
+        # batches of the whole run yielded so far, over all ranks and epochs (padding repeats not counted):
+        # the same count whatever the world size, so the run's progress (schedule, noise) is the same curve
+        # on any number of ranks and across a resume on another one
+        self.batches_done = 0
         self._fingerprint = _fingerprint(self.lengths)
 
     def rows_per_batch(self, bucket: int) -> int:
@@ -131,13 +135,29 @@ class BucketBatchSampler:
 
     def _rank_batches(self, epoch: int, base: Sequence[int] = ()) -> list[list[int]]:
         """This rank's batch of every step of the epoch's plan."""
+        return [batch for batch, _ in self._plan(epoch, base)]
+
+    def _plan(self, epoch: int, base: Sequence[int] = ()) -> list[tuple[list[int], int]]:
+        """(this rank's batch, the step's real batches over all ranks) for every step of the epoch's plan;
+        a group at the end of a bucket holds fewer real batches than ranks (the rest repeat earlier ones)."""
         per_bucket = self._bucket_batches(epoch)
         out = []
         for b, first in self._groups(epoch, base):
             batches = per_bucket[b]
             i = first + self.rank
-            out.append(batches[i] if i < len(batches) else batches[(i - len(batches)) % len(batches)])
+            out.append((batches[i] if i < len(batches) else batches[(i - len(batches)) % len(batches)],
+                        min(len(batches), first + self.world_size) - first))
         return out
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Real batches of one epoch over all ranks (without drop_last, the same for any world size)."""
+        ws = self.world_size
+        n = 0
+        for b, m in enumerate(self.buckets):
+            batches = -(-len(m) // self.rows_per_batch(b))
+            n += (batches // ws) * ws if self.drop_last else batches
+        return n
 
     def consumed(self) -> list[int]:
         """Batches of each bucket this epoch has yielded so far (padding repeats not counted)."""
@@ -151,6 +171,7 @@ class BucketBatchSampler:
         """Select the epoch; changing it restarts at its first batch (a resume keeps its position)."""
         if epoch != self.epoch:
             self.epoch, self.position, self.base = epoch, 0, []
+            self.batches_done = epoch * self.batches_per_epoch
 
     def __len__(self) -> int:
         """Steps (batches per rank) in a whole epoch."""
@@ -178,13 +199,18 @@ class BucketBatchSampler:
         return len(self._groups(self.epoch, self.base)) - self.position
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self._rank_batches(self.epoch, self.base)
-        while self.position < len(batches):
-            batch = batches[self.position]
+        plan = self._plan(self.epoch, self.base)
+        while self.position < len(plan):
+            batch, real = plan[self.position]
             self.position += 1
+            self.batches_done += real
             yield batch
         self.position, self.base = 0, []
         self.epoch += 1  # a plain `for epoch: for batch in sampler` loop gets a new composition
+
+    def _count_done(self) -> None:
+        """`batches_done` of a restored state: whole epochs, plus what this one consumed per bucket."""
+        self.batches_done = self.epoch * self.batches_per_epoch + sum(self.consumed())
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "base": list(self.base),
@@ -201,6 +227,7 @@ class BucketBatchSampler:
         self.epoch = int(state["epoch"])
         if state.get("world_size") == self.world_size:
             self.position, self.base = int(state["position"]), list(state.get("base", []))
+            self._count_done()
             return
         if "consumed" not in state:
             raise ValueError(f"BucketBatchSampler.load_state_dict: the state was saved with world_size "
@@ -208,6 +235,7 @@ class BucketBatchSampler:
                              f"world_size {self.world_size}")
         # another world size: regroup what each bucket has left of this epoch for the new size
         self.position, self.base = 0, [int(x) for x in state["consumed"]]
+        self._count_done()
         if self.rank == 0:
             log.info("sampler: resuming epoch %d on %d rank(s) (saved on %s): %d batches of the epoch "
                      "done, the rest regrouped", self.epoch, self.world_size, state.get("world_size"),

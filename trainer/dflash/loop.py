@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from trainer.config import RunConfig, to_dict
 from trainer.dflash import checkpoint as ckpt
 from trainer.dflash import device as dev
-from trainer.dflash import parallel
+from trainer.dflash import parallel, resume_changes
 from trainer.dflash.drafter import build_drafter
 from trainer.dflash.export import export_for_sglang
 from trainer.dflash.metrics import Meter, MetricsAccumulator, MetricsLogger
-from trainer.dflash.optim import build_optimizer, build_scheduler
+from trainer.dflash.optim import ProgressSchedule, build_optimizer
 from trainer.dflash.step import collate, dflash_forward
 from trainer.dflash.target import load_target
 from trainer.layout import RunLayout
@@ -63,7 +64,7 @@ class Trainer:
         self.cfg, self.resume = cfg, resume
         t = cfg.train
         self.rt = dev.resolve_runtime(t.device, t.dtype, t.placement.target_gpus, t.placement.drafter_gpus)
-        dev.init_distributed(self.rt)
+        dev.init_distributed(self.rt, t.placement.timeout_min)
         self.ds = dataset if dataset is not None else open_data(cfg)
         from trainer.data.sampler import BucketBatchSampler
 
@@ -81,7 +82,7 @@ class Trainer:
         self.model = parallel.wrap(self.core, self.rt, t.placement.strategy)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = build_optimizer(self.params, t)
-        self.sched = build_scheduler(self.opt, t, self.total_steps)
+        self.sched = ProgressSchedule(self.opt, t)
         self.meter = Meter.of(cfg, self.target.config, self.core.arch, self.rt)
         log.info("rank %d/%d: drafter on %s (%s), target on %s, %d steps", self.rt.rank, self.rt.world_size,
                  self.rt.device, t.placement.strategy if self.rt.distributed else "one process",
@@ -103,6 +104,18 @@ class Trainer:
             left = 0
         return done + math.ceil(left / t.grad_accum)
 
+    def _progress(self) -> tuple[float, float]:
+        """The run's progress (0..1) before and after the next optimizer step. With train.max_steps, in
+        steps; else in batches consumed over all ranks (the sampler's count, the same on any world size),
+        so the schedule and the noise annealing follow one curve whatever the number of ranks, also across
+        a resume on another number."""
+        t = self.cfg.train
+        if t.max_steps > 0:
+            return self.step / t.max_steps, (self.step + 1) / t.max_steps
+        total = max(1, t.epochs * self.sampler.batches_per_epoch)
+        done = self.sampler.batches_done
+        return done / total, (done + t.grad_accum * self.rt.world_size) / total
+
     # -- state --------------------------------------------------------------------------------------
     def save(self) -> Path | None:
         """Write a checkpoint (rank 0) and wait for it on every rank; returns its path on rank 0."""
@@ -110,7 +123,8 @@ class Trainer:
         weights, optim = parallel.full_state(self.model, self.opt, self.rt)  # a collective
         path = None
         if self.rt.is_main:
-            state = {"scheduler": self.sched.state_dict(), "sampler": self.sampler.state_dict(),
+            state = {"scheduler": {"lr": self.sched.last_lr, "progress": self._progress()[0]},
+                     "sampler": self.sampler.state_dict(),
                      "rng": ckpt.rng_state(), "step": self.step, "meter": self.meter.state_dict()}
             meta = {"epoch": self.sampler.epoch, "total_steps": self.total_steps,
                     "arch": dataclasses.asdict(self.core.arch), "world_size": self.rt.world_size,
@@ -160,22 +174,25 @@ class Trainer:
     def load(self, path: Path) -> None:
         """Resume from a checkpoint of any strategy and world size (rank 0 reads the weights and the
         optimizer state and broadcasts them; every rank reads the small state file)."""
+        saved_cfg = path / "config.yml"
+        if saved_cfg.is_file():  # a run file edited since: applied (logged) or refused, never ignored
+            resume_changes.check(yaml.safe_load(saved_cfg.read_text()) or {}, to_dict(self.cfg), str(path))
         state, meta = ckpt.load_state(path)
         weights, optim = ckpt.load_weights_and_optimizer(path) if self.rt.is_main else ({}, {})
         parallel.load_full_state(self.model, self.opt, self.rt, weights, optim)
+        self.sched.apply_hyperparameters()  # the run file's betas and weight decay, not the checkpoint's
         self.sampler.load_state_dict(state["sampler"])
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self._saved_step = self.step
         self.meter.load_state_dict(state.get("meter", {}))
+        # the steps left are counted in this world size's steps (and the run file's epochs / max_steps);
+        # the schedule follows the batches consumed, so it goes on where it was
+        self.total_steps = self._total_steps(self.step)
         saved_world = int(meta.get("world_size", self.rt.world_size))
         if saved_world != self.rt.world_size:
-            # the steps left are counted in this world size's steps; the schedule spans the new total
-            self.total_steps = self._total_steps(self.step)
-            self.sched = build_scheduler(self.opt, self.cfg.train, self.total_steps)
             log.info("resumed %s on %d rank(s) (saved on %d): %d steps left", path.name, self.rt.world_size,
                      saved_world, self.total_steps - self.step)
-        self.sched.load_state_dict(state["scheduler"])
         log.info("resumed from %s at step %d (epoch %d)", path, self.step, meta.get("epoch", 0))
 
     # -- loop ---------------------------------------------------------------------------------------
@@ -194,6 +211,8 @@ class Trainer:
         acc = MetricsAccumulator()
         counts = torch.zeros(4, dtype=torch.float64)
         loss_sum = 0.0
+        start, end = self._progress()
+        self.sched.set(start, end)
         for micro in range(t.grad_accum):
             idx = next(it, None)
             if idx is None:
@@ -206,7 +225,7 @@ class Trainer:
             with parallel.gradient_sync(self.model, micro == t.grad_accum - 1), dev.autocast(rt):
                 out = dflash_forward(batch, self.target, self.model, self.cfg.drafter, self.cfg.loss,
                                      generator=gen, noise_seed=seed,
-                                     progress=self.step / max(1, self.total_steps))
+                                     progress=start)
                 (out.loss / t.grad_accum).backward()
             loss_sum += float(out.loss.detach())
             acc.add(out.metrics)
@@ -214,7 +233,6 @@ class Trainer:
             counts += self.meter.micro(out.metrics, batch.lengths.tolist(), out.blocks.keep.sum(1).tolist())
         gnorm = parallel.clip_grad_norm(self.params, t.grad_clip) if t.grad_clip > 0 else 0.0
         self.opt.step()
-        self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
         return loss_sum / t.grad_accum, gnorm, acc, counts
@@ -269,11 +287,12 @@ class Trainer:
                     window.sums[k] = window.sums[k] + v if k in window.sums else v
                 window.steps += acc.steps
                 losses.append(loss)
-                lr = self.sched.get_last_lr()[0]
+                lr = self.sched.last_lr
                 tau = float(acc.sums["tau_sum"] / acc.sums["blocks"].clamp(min=1))
                 meter, stop = self.meter.end_step(counts, self._signal is not None, rt.distributed)
                 left = self.total_steps - self.step
                 record = {"loss": loss, "tau": tau, "lr": lr, "grad_norm": gnorm,
+                          "progress": round(self._progress()[0], 6),
                           "total_steps": self.total_steps, **meter, "eta_s": round(self.meter.eta(left), 1)}
                 if self.step % t.log_every == 0 or self.step == self.total_steps:
                     rates = self.meter.rates(left)
