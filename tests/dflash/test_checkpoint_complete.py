@@ -75,6 +75,23 @@ def test_an_older_checkpoint_without_the_list_is_still_accepted(tmp_path: Path) 
     assert latest_checkpoint(tmp_path) is None
 
 
+def test_keep_last_counts_only_complete_checkpoints_and_clears_old_fetch_leftovers(tmp_path: Path) -> None:
+    """keep_last keeps that many checkpoints a resume can use: a damaged step dir does not take the
+    place of a complete one; the hidden dir of a cut-short S3 fetch goes once a newer checkpoint is
+    complete, one of a newer step stays (the next fetch resumes it)."""
+    for step in (1, 2, 3):
+        _save(tmp_path, step)
+    (tmp_path / "step-0000003" / "optimizer.pt").unlink()  # damaged
+    for leftover in (".fetch-step-0000002", ".fetch-step-0000009"):
+        (tmp_path / leftover).mkdir()
+        (tmp_path / leftover / "state.pt").write_bytes(b"part")
+    ckpt.save_checkpoint(tmp_path, 4, weights={"w": torch.zeros(64)}, state={"step": 4}, meta={"epoch": 0},
+                         config={"name": "c"}, keep_last=2)
+    left = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert left == [".fetch-step-0000009", "step-0000002", "step-0000004"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-0000004"
+
+
 def test_resume_skips_the_checkpoint_that_lost_its_optimizer_state(
         make_run: Any, caplog: pytest.LogCaptureFixture) -> None:
     """train --resume: the newest step dir has lost optimizer.pt, so the run resumes from the one before

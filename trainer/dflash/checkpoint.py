@@ -117,13 +117,29 @@ def write_files_list(step_dir: Path) -> None:
 
 
 def prune_checkpoints(ckpt_root: Path, keep_last: int, latest: Path) -> list[Path]:
-    """Remove all but the `keep_last` newest step dirs, never `latest` (the one the pointer names, even
-    when a step dir of a higher number is there from an earlier run). The removed dirs."""
-    keep = {latest.name, *(p.name for p in list_checkpoints(ckpt_root)[-keep_last:])}
-    gone = [p for p in list_checkpoints(ckpt_root) if p.name not in keep]
+    """Keep `latest` (the one the pointer names, even when a step dir of a higher number is there from an
+    earlier run) and the `keep_last` newest complete step dirs (trainer.layout.checkpoint_problem): an
+    incomplete one never takes the place of a complete one. Removed: the other complete ones, the
+    incomplete ones older than `latest`, and the hidden `.fetch-step-N` dirs a cut-short S3 fetch left
+    (trainer.dflash.ckpt_sync) whose step is no newer than the newest complete checkpoint. The removed
+    dirs."""
+    steps = list_checkpoints(ckpt_root)
+    complete = [p for p in steps if checkpoint_problem(p) is None]
+    keep = {latest.name, *(p.name for p in complete[-keep_last:])}
+    newest = max((_step_of(p.name) for p in complete), default=-1)
+    gone = [p for p in steps if p.name not in keep
+            and (p in complete or _step_of(p.name) < _step_of(latest.name))]
+    gone += [p for p in sorted(ckpt_root.glob(".fetch-step-*"))
+             if p.is_dir() and 0 <= _step_of(p.name.removeprefix(".fetch-")) <= newest]
     for old in gone:
         shutil.rmtree(old, ignore_errors=True)
     return gone
+
+
+def _step_of(name: str) -> int:
+    """N of a step dir name `step-NNNNNNN`; -1 for any other name."""
+    head, _, digits = name.partition("-")
+    return int(digits) if head == "step" and digits.isdigit() else -1
 
 
 class CheckpointError(ConfigError):
