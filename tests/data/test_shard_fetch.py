@@ -85,7 +85,8 @@ def test_a_node_without_shards_fetches_them_byte_identical(prepared: Any, tmp_pa
     assert sorted(p.name for p in (tmp_path / "node1").iterdir()) == ["shards", "shards-heldout"]
 
 
-def test_a_matching_copy_is_left_alone(prepared: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_matching_copy_is_left_alone(prepared: Any, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     client, _, node = prepared
     ensure_shards(node("node1"), client)
 
@@ -96,6 +97,10 @@ def test_a_matching_copy_is_left_alone(prepared: Any, monkeypatch: pytest.Monkey
     for name in ("node0", "node1"):  # node 0 made them, node 1 fetched them: both match
         got = ensure_shards(node(name), client)
         assert set(got.values()) == {"kept"}, got
+    # the same data prepared on node 1 itself: its manifest says when and from where, not what else
+    path = tmp_path / "node1" / "shards" / MANIFEST
+    path.write_text(json.dumps({**json.loads(path.read_text()), "seconds": 99.0}))
+    assert ensure_shards(node("node1"), client)[path.parent] == "kept"
 
 
 def test_a_stale_copy_is_replaced_and_kept_aside(prepared: Any, tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ own copy up to date from there before torchrun starts, once per node:
     s3://<bucket>/<prefix>/<data.shards>/            shard-*.arrow, samples.arrow, then manifest.json
     s3://<bucket>/<prefix>/<data.heldout_shards>/    the same, when the manifest says a share is held out
 
-- A local dir whose manifest.json equals the S3 copy's, with every listed file at its size, is left alone.
+- A local dir whose manifest.json lists the same files (name, size, sha256) and doctor's verdict as the
+  S3 copy's, with every listed file at its size, is left alone.
 - Otherwise the files the S3 manifest lists are fetched into a hidden dir beside the local one
   (`.<name>.fetch-<digest>`: a fetch cut short resumes there, trainer.data.sync skips what is whole),
   each is checked against that manifest (size and sha256), the manifest is written last, and the dir is
@@ -75,15 +76,23 @@ def remote_manifest(client: Any, bucket: str, prefix: str) -> tuple[bytes, dict[
     return body, manifest
 
 
+def content(manifest: dict[str, Any], where: str) -> tuple[Any, ...]:
+    """What a shards manifest says the data is: each file's name, size and sha256, and the doctor's
+    verdict. Not where or when it was made (`seconds`, the source paths): the same completions prepared
+    on two nodes give the same content, and neither copy needs replacing."""
+    files = {n: (f["bytes"], f["sha256"]) for n, f in listed_files(manifest, where).items()}
+    return files, json.dumps(manifest.get("doctor"), sort_keys=True)
+
+
 def local_matches(local: Path, manifest: dict[str, Any]) -> bool:
-    """Does `local` hold this very manifest and every file it lists at its size? (Sizes only: the
-    sha256 of each file was checked when it was fetched or written, and train checks the doctor's
-    digest of them.)"""
+    """Does `local` hold the content of this manifest (`content`), every file it lists at its size?
+    (Sizes only: the sha256 of each file was checked when it was fetched or written, and train checks
+    the doctor's digest of them.)"""
     try:
         here = json.loads((local / MANIFEST).read_bytes())
-    except (OSError, ValueError):
-        return False
-    if here != manifest:
+        if content(here, str(local / MANIFEST)) != content(manifest, MANIFEST):
+            return False
+    except (OSError, ValueError, ShardFetchError):
         return False
     for name, f in listed_files(manifest, str(local / MANIFEST)).items():
         try:
