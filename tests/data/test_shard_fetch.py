@@ -142,3 +142,34 @@ def test_a_shard_that_changed_on_s3_is_refused_and_nothing_swapped_in(prepared: 
     with pytest.raises(ShardFetchError, match=rf"s3://{bucket}/{key}: does not match .*manifest.json"):
         ensure_shards(node("node1"), client)
     assert not (tmp_path / "node1" / "shards").exists()
+
+
+def test_a_new_upload_deletes_an_s3_manifest_of_other_files_first(prepared: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other data: the old manifest goes before any new file, so it never describes a mix. The same data
+    prepared again (another time, another node): the manifest is replaced in one PUT, never missing."""
+    import trainer.s3
+    from trainer.data.shards import sha256_file
+    from trainer.data.stage import upload_manifest_last
+
+    client, bucket, node = prepared
+    ops: list[str] = []
+    real_upload, real_delete = client.upload_file, client.delete_object
+    monkeypatch.setattr(client, "upload_file", lambda src, b, key, **kw: (ops.append(f"put {key}"),
+                                                                         real_upload(src, b, key, **kw))[1])
+    monkeypatch.setattr(client, "delete_object", lambda **kw: (ops.append(f"delete {kw['Key']}"),
+                                                               real_delete(**kw))[1])
+    monkeypatch.setattr(trainer.s3, "make_client", lambda *a, **k: client)
+    s3, local = node("node0").s3, tmp_path / "node0" / "shards"
+    manifest = json.loads((local / MANIFEST).read_text())
+    (local / MANIFEST).write_text(json.dumps({**manifest, "seconds": 99.0}))
+    upload_manifest_last(s3, local, f"s3://{bucket}/t/shards")
+    assert ops == [f"put t/shards/{MANIFEST}"]
+    body = client.get_object(Bucket=bucket, Key=f"t/shards/{MANIFEST}")["Body"].read()
+    assert json.loads(body)["seconds"] == 99.0
+    ops.clear()
+    (local / "samples.arrow").write_bytes(b"other data")
+    manifest["samples"] = {**manifest["samples"], "bytes": 10, "sha256": sha256_file(local / "samples.arrow")}
+    (local / MANIFEST).write_text(json.dumps(manifest))
+    upload_manifest_last(s3, local, f"s3://{bucket}/t/shards")
+    assert ops == [f"delete t/shards/{MANIFEST}", "put t/shards/samples.arrow", f"put t/shards/{MANIFEST}"]

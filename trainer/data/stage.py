@@ -74,8 +74,8 @@ def stage(cfg: RunConfig) -> int:
 
 def upload_manifest_last(s3: S3Config, local: Path, url: str, concurrency: int | None = None) -> Any:
     """Upload a dir whose manifest.json says what is whole (a shards dir) so that the manifest is never
-    on S3 beside files it does not describe: an S3 manifest that differs from the local one is deleted
-    first, then every other file is uploaded (verified), then manifest.json. A reader (the train
+    on S3 beside files it does not describe: an S3 manifest that lists other files than the local one is
+    deleted first, then every other file is uploaded (verified), then manifest.json. A reader (the train
     launcher of another node, trainer/data/shard_fetch.py) that finds no manifest knows the copy is
     incomplete. A dir without manifest.json is uploaded as it is. -> the stats of both uploads."""
     from trainer.data.shards import MANIFEST
@@ -93,7 +93,7 @@ def upload_manifest_last(s3: S3Config, local: Path, url: str, concurrency: int |
                 "NoSuchKey", "404", "NotFound"):
             raise SyncError(f"cannot read s3://{syncer.bucket}/{key} ({syncer.where}): {e}") from e
         there = None
-    if there is not None and there != (local / MANIFEST).read_bytes():
+    if there is not None and _describes_other_files(there, (local / MANIFEST).read_bytes()):
         syncer.client.delete_object(Bucket=syncer.bucket, Key=key)
     syncer.include = lambda rel: rel != MANIFEST
     files = syncer.upload(local)
@@ -102,6 +102,20 @@ def upload_manifest_last(s3: S3Config, local: Path, url: str, concurrency: int |
     for f in ("files", "transferred", "skipped", "bytes", "retries", "unverified", "seconds"):
         setattr(last, f, getattr(last, f) + getattr(files, f))
     return last
+
+
+def _describes_other_files(there: bytes, here: bytes) -> bool:
+    """Does the S3 manifest `there` describe other files than the local `here` (trainer.data.shard_fetch
+    `content`)? The same data prepared again, or on another node, only differs in when and where: its
+    manifest is replaced in one PUT, never deleted, so a node fetching meanwhile never finds none."""
+    import json
+
+    from trainer.data.shard_fetch import ShardFetchError, content
+
+    try:
+        return content(json.loads(there), "s3") != content(json.loads(here), "local")
+    except (ValueError, ShardFetchError):
+        return True
 
 
 def local_completions(cfg: RunConfig, layout: RunLayout) -> str:
