@@ -7,7 +7,10 @@ import itertools
 import json
 import logging
 import math
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -148,3 +151,20 @@ def test_a_refused_change_stops_the_resume_before_any_step(make_run: Callable[..
     assert (root / "metrics.jsonl").read_text() == lines
     saved = yaml.safe_load(next(root.glob("checkpoints/step-*/config.yml")).read_text())
     assert saved["drafter"]["block_size"] == 4
+
+
+def test_the_launcher_refuses_it_once_before_torchrun_starts(make_run: Callable[..., Path]) -> None:
+    """`python -m trainer train RUN --resume` for a 2-rank run: one line, exit 2, no rank started."""
+    rows = random_rows(5, 40, seed=2, prompt=5)
+    path = make_run(rows=rows, **EPOCH_RUN)
+    from stop_after import stop_after
+
+    with stop_after(2):
+        train(load_run_config(path))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "trainer", "train", str(path), "--resume",
+                           "--set", "train.placement.nproc_per_node=2", "--set", "seed=5"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "trained with another seed (seed: 0 in the checkpoint, 5 now)" in proc.stderr
+    assert "Traceback" not in proc.stderr and "torch.distributed.run" not in proc.stderr

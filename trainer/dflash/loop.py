@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from trainer.config import RunConfig, to_dict
 from trainer.dflash import checkpoint as ckpt
@@ -174,9 +173,8 @@ class Trainer:
     def load(self, path: Path) -> None:
         """Resume from a checkpoint of any strategy and world size (rank 0 reads the weights and the
         optimizer state and broadcasts them; every rank reads the small state file)."""
-        saved_cfg = path / "config.yml"
-        if saved_cfg.is_file():  # a run file edited since: applied (logged) or refused, never ignored
-            resume_changes.check(yaml.safe_load(saved_cfg.read_text()) or {}, to_dict(self.cfg), str(path))
+        # a run file edited since: applied (logged by the first rank) or refused, never ignored
+        resume_changes.check_checkpoint(path, to_dict(self.cfg), report=self.rt.is_main)
         state, meta = ckpt.load_state(path)
         weights, optim = ckpt.load_weights_and_optimizer(path) if self.rt.is_main else ({}, {})
         parallel.load_full_state(self.model, self.opt, self.rt, weights, optim)

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from trainer.config_yaml import ConfigError
 
@@ -55,9 +58,10 @@ def changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[
     return out
 
 
-def check(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> list[tuple[str, Any, Any]]:
-    """Refuse (ConfigError) a change the checkpoint at `where` cannot continue under; log and return the
-    ones that take effect."""
+def check(saved: Mapping[str, Any], current: Mapping[str, Any], where: str,
+          report: bool = True) -> list[tuple[str, Any, Any]]:
+    """Refuse (ConfigError) a change the checkpoint at `where` cannot continue under; return the ones that
+    take effect, logged when `report` (one rank of a job logs them)."""
     found = changes(saved, current)
     refused = [(k, a, b) for k, a, b in found if _matches(k, REFUSED_PREFIXES) and k not in REFUSED_EXCEPT]
     if refused:
@@ -66,6 +70,15 @@ def check(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> l
         raise ConfigError(f"{where} was trained with another {fields} ({lines}): "
                           f"a resume cannot continue under it. Put the run file back, or start over with "
                           f"`python -m trainer train RUN.yml --fresh` (the old run is moved aside)")
-    for k, a, b in found:
+    for k, a, b in found if report else ():
         log.warning("resume: %s changed since %s: %r -> %r (takes effect now)", k, where, a, b)
     return found
+
+
+def check_checkpoint(path: Path, current: Mapping[str, Any],
+                     report: bool = True) -> list[tuple[str, Any, Any]]:
+    """`check` against the run config saved in the step dir `path` (none saved: nothing to compare)."""
+    saved = path / "config.yml"
+    if not saved.is_file():
+        return []
+    return check(yaml.safe_load(saved.read_text()) or {}, current, str(path), report)

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from trainer.config import ConfigError, RunConfig
+from trainer.config import ConfigError, RunConfig, to_dict
 from trainer.layout import RunLayout, latest_checkpoint, list_checkpoints
 
 log = logging.getLogger(__name__)
@@ -177,16 +177,29 @@ def fetch_inputs(cfg: RunConfig, resume: bool) -> None:
                   "checkpoints under %s", e, root)
 
 
+def refuse_resume_changes(cfg: RunConfig) -> None:
+    """Before any rank starts: a run file edited since the checkpoint the run resumes from in a way that
+    checkpoint cannot continue under is refused here, once (trainer.dflash.resume_changes)."""
+    from trainer.dflash.resume_changes import check_checkpoint
+
+    found = latest_checkpoint(RunLayout.of(cfg).checkpoints)
+    if found is not None:
+        check_checkpoint(found, to_dict(cfg), report=False)
+
+
 def stage(cfg: RunConfig, resume: bool = True) -> int:
     """The `train` stage: resumes from the run's latest checkpoint when there is one.
 
     0 done, 1 data refused, 130 stopped by SIGINT/SIGTERM after a checkpoint, else a failed rank's code.
     """
-    from trainer.dflash.launch import in_torchrun, launch
+    from trainer.dflash.launch import apply_runtime_env, in_torchrun, launch
 
     if not in_torchrun():
         preflight(cfg, resume)
         fetch_inputs(cfg, resume)  # once per node, before any rank or process group exists
+        if resume:
+            refuse_resume_changes(cfg)
+        apply_runtime_env(cfg)  # compile caches, compile workers, allocator: for this process and its ranks
         if cfg.train.placement.launches_torchrun:
             return launch(cfg)
     from trainer.data.shards import DataRefused
