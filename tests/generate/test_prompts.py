@@ -141,3 +141,28 @@ def test_a_line_that_is_not_utf8_is_rejected_with_file_and_line_never_sent_as_re
     assert rej.reason == f"not UTF-8 text (invalid continuation byte at byte {at} of the line)"
     assert rej.excerpt.rstrip() == '{"id": "b", "messages": [{"role": "user", "content": "caf\\xe9"}]}'
     assert count_lines([path]) == 3
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
+def test_a_line_over_max_line_bytes_is_rejected_unread_and_the_next_lines_go_on(tmp_path: Path,
+                                                                                  suffix: str) -> None:
+    big = json.dumps({"id": "big", "messages": [{"role": "user", "content": "x" * 5000}]})
+    text = "\n".join([json.dumps({"id": "a", "messages": [{"role": "user", "content": "q"}]}), big,
+                      json.dumps({"id": "b", "messages": [{"role": "user", "content": "r"}]})]) + "\n"
+    f = tmp_path / f"p{suffix}"
+    f.write_bytes(zstandard.ZstdCompressor().compress(text.encode()) if suffix.endswith(".zst")
+                  else text.encode())
+    items = list(read_prompts([f], 10_000, max_line_bytes=1024))
+    assert [type(i) for i in items] == [Prompt, Reject, Prompt]
+    assert [i.id for i in items if isinstance(i, Prompt)] == ["a", "b"]
+    assert items[1].line == 2
+    assert items[1].reason == "a line of more than 1024 bytes (data.max_line_bytes): not read"
+    # without the limit the same line is read (and kept: it is under max_chars)
+    assert [type(i) for i in read_prompts([f], 10_000)] == [Prompt, Prompt, Prompt]
+    # a line of exactly the limit, with its newline, is whole
+    exact = json.dumps({"id": "e", "messages": [{"role": "user", "content": "y"}]})
+    exact = exact[:-3] + " " * (1024 - len(exact) - 1) + exact[-3:]
+    g = tmp_path / "exact.jsonl"
+    g.write_text(exact + "\n")
+    assert len((exact + "\n").encode()) == 1024
+    assert [type(i) for i in read_prompts([g], 10_000, max_line_bytes=1024)] == [Prompt]

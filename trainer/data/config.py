@@ -39,7 +39,8 @@ class DataConfig:
     heldout_shards: str = "shards-heldout"
     max_length: int = 4096
     # a completions line longer than this is refused (file:line) before it is parsed or tokenised; one
-    # conversation of max_length tokens is far below it, so a longer line is a damaged or foreign file
+    # conversation of max_length tokens is far below it, so a longer line is a damaged or foreign file.
+    # generate rejects a prompts line longer than this (file:line, in its rejects) without reading it
     max_line_bytes: int = 64 * 1024 * 1024
     tokenizer: str = ""  # tokenizer dir; "" = target.path
     num_workers: int = 0  # tokenising processes; 0 = all cores

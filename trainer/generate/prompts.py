@@ -133,12 +133,37 @@ def _parse_object(obj: dict[str, Any], raw_id: Any, max_chars: int) -> Prompt:
     return Prompt(sample_id, tuple(kept), chars)
 
 
-def read_prompts(files: list[Path], max_chars: int) -> Iterator[Prompt | Reject]:
-    """Every prompt of `files` in order, or a Reject for each unusable line (blank lines are skipped)."""
+def _lines(fh: io.BufferedIOBase, max_line_bytes: int | None) -> Iterator[tuple[bytes, bool]]:
+    """(line, whole) for each line of `fh`; a line longer than `max_line_bytes` comes as its first bytes
+    with whole=False, the rest read in pieces and dropped, so it is never held whole."""
+    if max_line_bytes is None:
+        for line in fh:
+            yield line, True
+        return
+    limit = max_line_bytes + 1
+    while line := fh.readline(limit):
+        if len(line) < limit or line.endswith(b"\n"):
+            yield line, True
+            continue
+        head = line[:200]
+        while (rest := fh.readline(limit)) and not rest.endswith(b"\n"):
+            pass
+        yield head, False
+
+
+def read_prompts(files: list[Path], max_chars: int,
+                 max_line_bytes: int | None = None) -> Iterator[Prompt | Reject]:
+    """Every prompt of `files` in order, or a Reject for each unusable line (blank lines are skipped); a
+    line longer than `max_line_bytes` (data.max_line_bytes) is rejected unread, with its line number."""
     first_seen: dict[str, str] = {}
     for path in files:
         with open_lines(path) as fh:
-            for lineno, raw in enumerate(fh, 1):
+            for lineno, (raw, whole) in enumerate(_lines(fh, max_line_bytes), 1):
+                if not whole:
+                    yield Reject(str(path), lineno, f"a line of more than {max_line_bytes} bytes "
+                                 "(data.max_line_bytes): not read", None,
+                                 raw.decode("utf-8", errors="backslashreplace"))
+                    continue
                 if not raw.strip():
                     continue
                 where = f"{path.name}:{lineno}"

@@ -141,7 +141,8 @@ def _generate(cfg: RunConfig, layout: RunLayout, store: Any) -> int:
              total + len(store.done), len(files), len(store.done), model_name(cfg), len(g.endpoints), out)
     api_key = os.environ.get(g.api_key_env, "") if g.api_key_env else ""
     endpoints = [Endpoint(u, g, api_key) for u in g.endpoints]
-    gen = Generator(g, model_name(cfg), endpoints, store, read_prompts(files, g.max_prompt_chars),
+    prompts = read_prompts(files, g.max_prompt_chars, cfg.data.max_line_bytes)
+    gen = Generator(g, model_name(cfg), endpoints, store, prompts,
                     layout.generate_rejects, mirror, progress_path=layout.generate_progress,
                     budget=budget(cfg), skipped_path=layout.generate_skipped)
     try:
