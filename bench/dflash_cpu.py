@@ -1,7 +1,11 @@
 """CPU benchmark: one DFlash training step of this trainer vs a naive reference, same tiny model.
 
     python bench/dflash_cpu.py [--seq 512] [--anchors 64] [--block 16] [--vocab 4096] [--steps 5]
-                               [--chunk-blocks 8] [--threads 2]
+                               [--chunk-blocks 8] [--threads 2] [--kl]
+
+`--kl` measures twice: CE only, then CE + KL to the target's soft labels (loss.kl_weight 1), where the
+trainer sums both logit gradients before its one matmul per chunk and the naive reference takes the
+target's full-sequence logits at each row's position.
 
 Trainer: target forward stopped after the last needed layer (no lm_head), blocks at the sampled anchors,
 dense SDPA mask, lm_head + loss only on the rows the loss reads, fused and chunked (`loss.chunk_blocks`
@@ -51,6 +55,7 @@ VARIANTS = ("trainer", "naive")
 
 def naive_loss(model: torch.nn.Module, target: TargetModel, drafter: torch.nn.Module, batch: Batch,
                dcfg: DrafterConfig, lcfg: LossConfig, anchors: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """CE (and, with loss.kl_weight, KL(target || draft)) the plain way, as the trainer weights them."""
     out = model(batch.input_ids, output_hidden_states=True)  # every layer + full-sequence logits
     feats = torch.cat([out.hidden_states[i + 1] for i in target.layer_ids], -1)
     a, keep = anchors
@@ -63,7 +68,15 @@ def naive_loss(model: torch.nn.Module, target: TargetModel, drafter: torch.nn.Mo
     ce = F.cross_entropy(logits.flatten(0, 1).float(), blocks.labels.flatten(), reduction="none")
     w = blocks.valid.float().reshape(-1, dcfg.block_size)
     w = (w * slot_decay(dcfg.block_size, decay_gamma(lcfg, dcfg.block_size))).flatten()
-    return (w * ce).sum() / w.sum(), out.logits
+    loss = lcfg.ce_weight * (w * ce).sum() / w.sum()
+    if lcfg.kl_weight > 0:
+        # the target's prediction of x[a+k] is its logits at position a+k-1
+        pos = (blocks.block_pos - 1).clamp(0, out.logits.shape[1] - 1)  # invalid rows: weight 0
+        t_logp = F.log_softmax(out.logits.gather(1, pos[..., None].expand(-1, -1, out.logits.shape[-1]))
+                               .float(), -1)
+        kl = (t_logp.exp() * (t_logp - F.log_softmax(logits.float(), -1))).sum(-1).flatten()
+        loss = loss + lcfg.kl_weight * (w * kl).sum() / w.sum()
+    return loss, out.logits
 
 
 def _proc_status(key: str) -> int:
@@ -84,7 +97,7 @@ def run_variant(args: argparse.Namespace) -> None:
     target = TargetModel(model, default_layer_ids(8, 2))
     dcfg = DrafterConfig(num_layers=2, block_size=args.block, mask_token_id=args.vocab - 1,
                          max_anchors=args.anchors, sliding_window=2048)
-    lcfg = LossConfig(chunk_blocks=args.chunk_blocks)
+    lcfg = LossConfig(chunk_blocks=args.chunk_blocks, kl_weight=args.kl_weight)
     drafter = build_drafter(dcfg, target)
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-4)
     g = torch.Generator().manual_seed(0)
@@ -132,15 +145,25 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--chunk-blocks", type=int, default=8, help="the trainer's loss.chunk_blocks")
+    ap.add_argument("--kl", action="store_true", help="also measure CE + KL (loss.kl_weight 1)")
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # set in the child processes
+    ap.add_argument("--kl-weight", type=float, default=0.0, help=argparse.SUPPRESS)  # the children's loss
     args = ap.parse_args()
     if args.variant:
         run_variant(args)
         return
+    for kl_weight in (0.0, 1.0) if args.kl else (0.0,):
+        compare(args, kl_weight)
+
+
+def compare(args: argparse.Namespace, kl_weight: float) -> None:
+    """Both variants at one loss (CE only, or CE + kl_weight KL); prints the figures."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+    argv = [a for a in sys.argv[1:] if a != "--kl"]
     procs, res = {}, {}
     for v in VARIANTS:  # one after the other: build and warm-up do not overlap
-        procs[v] = subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--variant", v], env=env,
+        procs[v] = subprocess.Popen([sys.executable, __file__, *argv, "--variant", v, "--kl-weight",
+                                     str(kl_weight)], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         res[v] = {**json.loads(procs[v].stdout.readline()), "times": [], "cpu": []}
 
@@ -162,6 +185,7 @@ def main() -> None:
     assert abs(a - b) < 1e-4 * max(1.0, abs(a)), f"losses differ: trainer {a} vs naive {b}"
     rows = args.batch * args.anchors * args.block
     mib = 2**20
+    print(f"== loss: {'CE + KL (loss.kl_weight 1)' if kl_weight else 'CE only'}")
     print(f"tiny Qwen3.5 target (8 layers, hidden 64, vocab {args.vocab}), drafter 2 layers; seq {args.seq}, "
           f"{args.anchors} anchors x B={args.block}, batch {args.batch}, {args.threads} threads; "
           f"trainer loss.chunk_blocks {args.chunk_blocks} ({args.chunk_blocks * args.block} rows)")

@@ -178,7 +178,8 @@ def _drafter(target: TargetModel) -> tuple[DrafterConfig, torch.nn.Module]:
 
 
 def _fields(tl: TokenLosses) -> list[torch.Tensor]:
-    return [getattr(tl, f.name) for f in dataclasses.fields(tl)]
+    """ce, kl, pred, label (`mixed` is checked on its own)."""
+    return [getattr(tl, f.name) for f in dataclasses.fields(tl) if f.name != "mixed"]
 
 
 def _grads(drafter: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -215,6 +216,29 @@ def test_token_losses_and_grad_h_equal_reference(target: TargetModel, need_kl: b
         return torch.autograd.grad(loss, h)[0]
 
     torch.testing.assert_close(grad(new), grad(ref), **TOL)
+
+
+@pytest.mark.parametrize("mix", [(1.0, 0.0), (0.0, 1.0), (0.7, 1.3)])
+@pytest.mark.parametrize("use_target_labels", [False, True])
+def test_one_combined_gradient_equals_the_reference(target: TargetModel, mix: tuple[float, float],
+                                                    use_target_labels: bool) -> None:
+    """`mix`: one d/dh for ce_weight CE + kl_weight KL (the logit gradients summed before the one matmul)
+    equals autograd through the reference's two terms, and ce / kl themselves carry no gradient."""
+    g = torch.Generator().manual_seed(3)
+    r, hdim = 29, target.hidden_size
+    h = torch.randn(r, hdim, generator=g, requires_grad=True)
+    t_rows = torch.randn(r, hdim, generator=g)
+    labels = torch.randint(0, target.vocab_size, (r,), generator=g)
+    w = torch.rand(r, generator=g)
+    kw = {"chunk_rows": 8, "verifier": target.logits_at, "target_rows": t_rows,
+          "use_target_labels": use_target_labels, "need_kl": mix[1] > 0}
+    new = token_losses(h, labels, target.lm_head, mix=mix, **kw)
+    ref = ref_token_losses(h, labels, lambda x: target.lm_head(x), **kw)
+    assert new.mixed is not None and not new.ce.requires_grad and not new.kl.requires_grad
+    torch.testing.assert_close(new.mixed, mix[0] * ref.ce + mix[1] * ref.kl, **TOL)
+    got = torch.autograd.grad((w * new.mixed).sum(), h)[0]
+    want = torch.autograd.grad((w * (mix[0] * ref.ce + mix[1] * ref.kl)).sum(), h)[0]
+    torch.testing.assert_close(got, want, **TOL)
 
 
 def test_no_grad_path_equals_grad_path(target: TargetModel) -> None:

@@ -88,14 +88,20 @@ class TokenLosses:
     kl: torch.Tensor  # [R] KL(target || draft) (zeros when no target rows)
     pred: torch.Tensor  # [R] draft argmax
     label: torch.Tensor  # [R] the hard label used (data token or target argmax)
+    # [R] ce_weight * CE + kl_weight * KL when token_losses was given `mix` (the one tensor the gradient
+    # flows through then); None otherwise
+    mixed: torch.Tensor | None = None
 
 
 Verifier = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _chunk(h: torch.Tensor, labels: torch.Tensor, head: nn.Linear, t_logp: torch.Tensor | None,
-           need_kl: bool, ce_grad: bool, kl_grad: bool) -> tuple[torch.Tensor, ...]:
-    """CE, KL, argmax of one chunk of rows, and d CE / d h, d KL / d h when asked (else None)."""
+           need_kl: bool, ce_grad: bool, kl_grad: bool,
+           mix: tuple[float, float] | None = None) -> tuple[torch.Tensor, ...]:
+    """CE, KL, argmax of one chunk of rows, and d CE / d h, d KL / d h when asked (else None). With
+    `mix` = (a, b): one gradient, d (a CE + b KL) / d h, in the first slot (the second is None): the
+    two logit gradients are summed before the one matmul with the head's weight."""
     w = head.weight
     logp = F.log_softmax(head(h.to(w.dtype)).float(), dim=-1)  # the matmul as `DFlashDrafter.logits` does
     ce = -logp.gather(1, labels[:, None]).squeeze(1)
@@ -106,6 +112,19 @@ def _chunk(h: torch.Tensor, labels: torch.Tensor, head: nn.Linear, t_logp: torch
         pt = t_logp.exp()
         kl = torch.sub(t_logp, logp).mul_(pt).sum(-1)
     d_ce = d_kl = None
+    if mix is not None:
+        a, b = mix
+        if not (a or (b and kl_grad and pt is not None)):
+            return ce, kl, pred, None, None
+        p = logp.exp_()  # softmax
+        if b and kl_grad and pt is not None:
+            # a (p - onehot) + b (p sum(pt) - pt) = p (a + b sum(pt)) - b pt - a onehot
+            g = p.mul_(pt.sum(-1, keepdim=True).mul(b).add_(a)).sub_(pt, alpha=b)
+        else:
+            g = p.mul_(a)
+        if a:
+            g.scatter_add_(1, labels[:, None], torch.full_like(ce[:, None], -a))
+        return ce, kl, pred, (g.to(w.dtype) @ w).to(h.dtype), None
     if ce_grad or (kl_grad and pt is not None):
         p = logp.exp_()  # softmax; logp is not needed any more
         if kl_grad and pt is not None:
@@ -126,11 +145,15 @@ def _verifier_logp(verifier: Verifier | None, rows: torch.Tensor | None) -> torc
 
 def _run(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, verifier: Verifier | None,
          target_rows: torch.Tensor | None, chunk_rows: int, use_target_labels: bool, need_kl: bool,
-         ce_grad: bool, kl_grad: bool) -> tuple[torch.Tensor | None, ...]:
-    """All chunks: ce, kl, pred, label [R] and d CE / d h, d KL / d h [R, H] (None when not asked)."""
+         ce_grad: bool, kl_grad: bool, mix: tuple[float, float] | None = None
+         ) -> tuple[torch.Tensor | None, ...]:
+    """All chunks: ce, kl, pred, label [R] and d CE / d h, d KL / d h [R, H] (None when not asked); with
+    `mix`, d (a CE + b KL) / d h in the first gradient slot."""
     r, dev = hidden.shape[0], hidden.device
     ce, kl = torch.empty(r, device=dev), torch.empty(r, device=dev)
     pred, label = torch.empty(r, dtype=torch.long, device=dev), labels.clone()
+    if mix is not None:
+        ce_grad, kl_grad = bool(mix[0]) or (bool(mix[1]) and kl_grad), False
     d_ce = torch.empty_like(hidden) if ce_grad else None
     d_kl = torch.empty_like(hidden) if kl_grad else None
     for s in range(0, r, chunk_rows):
@@ -139,7 +162,7 @@ def _run(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, verifier: 
         if use_target_labels and t_logp is not None:
             label[s:e] = t_logp.argmax(-1)
         ce[s:e], kl[s:e], pred[s:e], dc, dk = _chunk(hidden[s:e], label[s:e], head, t_logp, need_kl,
-                                                     ce_grad, kl_grad)
+                                                     ce_grad, kl_grad or mix is not None, mix)
         if dc is not None:
             d_ce[s:e] = dc
         if dk is not None:
@@ -152,24 +175,37 @@ class _FusedHeadLoss(torch.autograd.Function):
 
     Each chunk's logits and the verifier's log-probs live only while that chunk is processed; what is
     kept for backward is d CE / d h and d KL / d h ([R, H] each, in h's dtype), so backward is two
-    scaled sums and nothing is recomputed.
+    scaled sums and nothing is recomputed. With `mix` = (a, b) (the loss's ce_weight and kl_weight),
+    the gradient flows through one output, `mixed` = a CE + b KL per row, whose d/dh is one [R, H]
+    tensor from one matmul per chunk (the lm_head is frozen, so the two logit gradients can be summed
+    before it): half the matmuls and half the memory kept for backward when both terms are on.
     """
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear,
                 verifier: Verifier | None, target_rows: torch.Tensor | None, chunk_rows: int,
-                use_target_labels: bool, need_kl: bool, ce_grad: bool) -> tuple[torch.Tensor, ...]:
+                use_target_labels: bool, need_kl: bool, ce_grad: bool,
+                mix: tuple[float, float] | None) -> tuple[torch.Tensor, ...]:
         kl_grad = need_kl and verifier is not None and target_rows is not None
         ce, kl, pred, label, d_ce, d_kl = _run(hidden, labels, head, verifier, target_rows, chunk_rows,
-                                               use_target_labels, need_kl, ce_grad, kl_grad)
+                                               use_target_labels, need_kl, ce_grad, kl_grad, mix)
         ctx.save_for_backward(d_ce, d_kl)
-        ctx.mark_non_differentiable(*([] if ce_grad else [ce]), *([] if kl_grad else [kl]), pred, label)
+        if mix is None:
+            mixed = torch.empty(0, device=ce.device)
+            ctx.mark_non_differentiable(*([] if ce_grad else [ce]), *([] if kl_grad else [kl]), pred, label,
+                                        mixed)
+        else:
+            mixed = ce * mix[0] + kl * mix[1]
+            ctx.mark_non_differentiable(ce, kl, pred, label, *([] if d_ce is not None else [mixed]))
         ctx.set_materialize_grads(False)
-        return ce, kl, pred, label
+        return ce, kl, pred, label, mixed
 
     @staticmethod
-    def backward(ctx: Any, g_ce: torch.Tensor | None, g_kl: torch.Tensor | None, *_: Any) -> tuple:
+    def backward(ctx: Any, g_ce: torch.Tensor | None, g_kl: torch.Tensor | None, _g_pred: Any, _g_label: Any,
+                 g_mixed: torch.Tensor | None) -> tuple:
         d_ce, d_kl = ctx.saved_tensors
+        if g_mixed is not None:  # `mix`: the one gradient, in d_ce's slot
+            g_ce, g_kl = g_mixed, None
         grad = None
         for g, d in ((g_ce, d_ce), (g_kl, d_kl)):
             if g is not None and d is not None:
@@ -177,12 +213,13 @@ class _FusedHeadLoss(torch.autograd.Function):
                 grad = term if grad is None else grad.add_(term)
         if grad is not None:
             grad = grad.to(d_ce.dtype if d_ce is not None else d_kl.dtype)
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 def token_losses(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, *, chunk_rows: int,
                  verifier: Verifier | None = None, target_rows: torch.Tensor | None = None,
-                 use_target_labels: bool = False, need_kl: bool = False, ce_grad: bool = True) -> TokenLosses:
+                 use_target_labels: bool = False, need_kl: bool = False, ce_grad: bool = True,
+                 mix: tuple[float, float] | None = None) -> TokenLosses:
     """Per-row CE / KL(target || draft) / argmax of hidden [R, H] through the frozen `head`.
 
     Rows go through `head` (an nn.Linear, matmul in its weight dtype, log-softmax in fp32) in chunks of
@@ -191,6 +228,8 @@ def token_losses(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, *,
     KL (`need_kl`) and, with `use_target_labels`, its argmax replaces `labels`. When hidden requires
     grad, d CE / d h and d KL / d h are computed chunk by chunk in the forward and backward only scales
     them, so each matmul runs once; `ce_grad=False` skips the CE gradient (ce then carries no grad).
+    `mix` = (ce_weight, kl_weight): the gradient flows through `mixed` = ce_weight CE + kl_weight KL
+    alone (ce and kl carry none), one matmul per chunk for both terms (`combine(..., mixed=)`).
     """
     if head.weight.requires_grad or (head.bias is not None and head.bias.requires_grad):
         raise ValueError("token_losses: the lm_head must be frozen (no gradient flows to its weights)")
@@ -200,14 +239,17 @@ def token_losses(hidden: torch.Tensor, labels: torch.Tensor, head: nn.Linear, *,
         target_rows = None  # the verifier is not needed
     args = (hidden, labels, head, verifier, target_rows, chunk_rows, use_target_labels, need_kl)
     if torch.is_grad_enabled() and hidden.requires_grad:
-        return TokenLosses(*_FusedHeadLoss.apply(*args, ce_grad))
+        ce, kl, pred, label, mixed = _FusedHeadLoss.apply(*args, ce_grad, mix)
+        return TokenLosses(ce, kl, pred, label, mixed if mix is not None else None)
     with torch.no_grad():
-        return TokenLosses(*_run(*args, False, False)[:4])
+        ce, kl, pred, label = _run(*args, False, False)[:4]
+        return TokenLosses(ce, kl, pred, label, None if mix is None else ce * mix[0] + kl * mix[1])
 
 
-def combine(ce: torch.Tensor, kl: torch.Tensor, valid: torch.Tensor, cfg: LossConfig, block_size: int
-            ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Weighted loss over the [bs, N, B] grid: sum(w * (ce_w CE + kl_w KL)) / sum(w).
+def combine(ce: torch.Tensor, kl: torch.Tensor, valid: torch.Tensor, cfg: LossConfig, block_size: int,
+            mixed: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted loss over the [bs, N, B] grid: sum(w * (ce_w CE + kl_w KL)) / sum(w); `mixed` (the
+    grid of ce_w CE + kl_w KL from token_losses' `mix`) is what the loss is computed from when given.
 
     w is the decay (loss.dpace false) or the D-PACE weights (loss.dpace true; loss.decay_gamma unused).
     Normalised by sum(w) in both cases; SpecForge divides its D-PACE sum by the batch size instead
@@ -224,5 +266,8 @@ def combine(ce: torch.Tensor, kl: torch.Tensor, valid: torch.Tensor, cfg: LossCo
     denom = w.sum().clamp(min=1e-12)
     ce_loss = (w * ce).sum() / denom
     kl_loss = (w * kl).sum() / denom
-    loss = cfg.ce_weight * ce_loss + cfg.kl_weight * kl_loss
+    if mixed is not None:
+        loss = (w * mixed).sum() / denom
+    else:
+        loss = cfg.ce_weight * ce_loss + cfg.kl_weight * kl_loss
     return loss, {"ce": ce_loss.detach(), "kl": kl_loss.detach()}

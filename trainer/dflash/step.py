@@ -128,7 +128,8 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
 
     tl = token_losses(h_rows, labels, core.lm_head, chunk_rows=lcfg.chunk_blocks * b_size,
                       verifier=verifier, target_rows=t_rows, use_target_labels=lcfg.label_source == "target",
-                      need_kl=lcfg.kl_weight > 0, ce_grad=lcfg.ce_weight > 0)
+                      need_kl=lcfg.kl_weight > 0, ce_grad=lcfg.ce_weight > 0,
+                      mix=(lcfg.ce_weight, lcfg.kl_weight))
 
     def grid(v: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         out = torch.full((bs * nb,), fill, dtype=v.dtype, device=dev)
@@ -137,7 +138,8 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
 
     ce, kl = grid(tl.ce), grid(tl.kl)
     valid = blocks.valid.reshape(bs, -1, b_size)
-    loss, parts = combine(ce, kl, valid, lcfg, b_size)
+    assert tl.mixed is not None  # asked for with `mix`
+    loss, parts = combine(ce, kl, valid, lcfg, b_size, grid(tl.mixed))
     match = grid((tl.pred == tl.label), False)[..., 1:] & valid[..., 1:]
     tau = acceptance(match, blocks.keep)
     v = valid[..., 1:].float()
