@@ -4,9 +4,11 @@ fused and chunked.
 
 The draft logits are N*B x vocab (about 4 GB in bf16 per sample at 512 anchors x 16 x 248K), so they are
 never materialised whole: `token_losses` runs lm_head + log-softmax over chunks of rows and keeps only
-per-row values: CE, KL, argmax, and the gradients of CE and KL with respect to the row's hidden state,
-computed in the forward (the lm_head is frozen, so d/dh is all backward needs). The drafter's lm_head
-and the verifier's (the target's final norm + lm_head) each run once per chunk; nothing is recomputed.
+per-row values: CE, KL, argmax, and the gradient of the loss's per-row term (ce_weight CE + kl_weight
+KL) with respect to the row's hidden state, computed in the forward (the lm_head is frozen, so d/dh is
+all backward needs, and the two logit gradients are summed before one matmul with its weight). The
+drafter's lm_head and the verifier's (the target's final norm + lm_head) each run once per chunk;
+nothing is recomputed.
 """
 from __future__ import annotations
 
