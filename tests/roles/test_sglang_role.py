@@ -17,7 +17,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _sglang_play(*args: str) -> str:
+KEYRING = ("-e", "sglang_cuda_keyring_checksum=sha256:" + "0" * 64)  # the example's is a placeholder to fill
+
+
+def _sglang_play(*args: str, keyring: bool = True) -> str:
     env = dict(
         os.environ,
         ANSIBLE_FORCE_COLOR="0",
@@ -26,7 +29,7 @@ def _sglang_play(*args: str) -> str:
     )
     exe = shutil.which("ansible-playbook") or str(Path(sys.executable).with_name("ansible-playbook"))
     r = subprocess.run(
-        [exe, "playbooks/sglang.yml", "-i", "inventory/example", *args],
+        [exe, "playbooks/sglang.yml", "-i", "inventory/example", *(KEYRING if keyring else ()), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -38,6 +41,9 @@ def _sglang_play(*args: str) -> str:
 
 
 def test_example_b200_node_needs_the_api_key_and_a_pinned_revision() -> None:
+    out = _sglang_play(keyring=False)
+    placeholder = "sha256:REPLACE-with-the-sha256-of-cuda-keyring_1.1-1_all.deb"
+    assert f"sglang_cuda_keyring_checksum={placeholder} (empty or sha256:HEX)" in out, out[-2000:]
     out = _sglang_play()
     assert "sglang_host=0.0.0.0 / sglang_router_host=0.0.0.0 is not loopback; set sglang_api_key" in out, out[
         -2000:
