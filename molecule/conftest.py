@@ -2,7 +2,8 @@
 
 Molecule's testinfra verifier hands testinfra its Ansible inventory. Testinfra maps an inventory host to its
 own backend only for the ssh, paramiko, local, docker and lxc connections
-(testinfra.utils.ansible_runner.get_ansible_host); for `ansible_connection: podman` it falls back to its
+(testinfra.utils.ansible_runner.get_ansible_host); for `ansible_connection: podman` (or podman_pipelined, the
+connection the scenarios use) it falls back to its
 ansible backend, which runs every command and file check as an Ansible ad-hoc task: seconds each, minutes
 for a scenario's checks. The instances are podman containers named after their inventory hosts (molecule's
 podman driver), and `podman exec` runs as the container's root, as the converge does with become, so the
@@ -23,6 +24,6 @@ def host(_testinfra_host: Host) -> Host:
     if backend.NAME != "ansible":
         return _testinfra_host
     hostvars = backend.ansible_runner.get_variables(backend.host)
-    if hostvars.get("ansible_connection") not in ("podman", "containers.podman.podman"):
+    if hostvars.get("ansible_connection") not in ("podman", "containers.podman.podman", "podman_pipelined"):
         return _testinfra_host
     return testinfra.get_host(f"podman://{backend.host}")
