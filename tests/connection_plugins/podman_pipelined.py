@@ -71,7 +71,9 @@ class Connection(_PodmanConnection):
     has_pipelining = True
 
     @ensure_connect
-    def exec_command(self, cmd, in_data=None, sudoable=False):  # noqa: ANN001, ANN201 (Ansible's signature)
+    def exec_command(
+        self, cmd: str, in_data: bytes | None = None, sudoable: bool = False
+    ) -> tuple[int, bytes, bytes]:
         # The base class of the collection's plugin checks the command and records it; skip only its own body.
         super(_PodmanConnection, self).exec_command(cmd, in_data=in_data, sudoable=sudoable)
         args = shlex.split(to_native(cmd, errors="surrogate_or_strict"))
