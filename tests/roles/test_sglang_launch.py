@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -136,3 +137,59 @@ def test_without_a_key_the_module_runs_in_the_launcher_unchanged(tmp_path: Path)
 def test_no_module_is_a_usage_error() -> None:
     res = subprocess.run([sys.executable, str(LAUNCH)], capture_output=True, text=True)
     assert res.returncode == 2 and "usage: sglang_launch.py MODULE" in res.stderr
+
+
+def _launcher_module() -> ModuleType:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sglang_launch", LAUNCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _copy_through(chunks: list[bytes], key: str) -> bytes:
+    """What the launcher's copy writes for output that arrives in these reads."""
+    mod = _launcher_module()
+    forms, pending, out = mod.key_forms(key), b"", b""
+    for chunk in chunks:
+        written, pending = mod.redact(pending + chunk, forms)
+        out += written
+    return out + (mod.MASK if pending else b"")
+
+
+def test_a_key_inside_a_2_mib_line_split_across_reads_is_masked() -> None:
+    """No newline for 2 MiB, and the key cut in two by the pipe's reads at the 1 MiB mark."""
+    key = KEY.encode()
+    line = b"x" * (1 << 20) + key + b"y" * (1 << 20) + b"\n"
+    cut = (1 << 20) + 7  # inside the key
+    chunks = [line[i : i + 65536] for i in range(0, cut, 65536)]
+    chunks[-1] = line[(len(chunks) - 1) * 65536 : cut]
+    chunks += [line[cut : cut + 13], line[cut + 13 :]]
+    out = _copy_through(chunks, KEY)
+    assert KEY.encode() not in out and KEY[:7].encode() + b"y" not in out
+    assert out == b"x" * (1 << 20) + b"********" + b"y" * (1 << 20) + b"\n"
+
+
+@pytest.mark.parametrize("printed", ["repr", "json", "json-ascii"])
+def test_a_key_printed_in_escaped_form_is_masked(printed: str) -> None:
+    """A key with quotes, a backslash and a non-ASCII letter, as repr() and json.dumps() write it."""
+    import json
+
+    key = "k'ey\"with\\odd-chärs"
+    forms = {"repr": repr(key), "json": json.dumps(key, ensure_ascii=False), "json-ascii": json.dumps(key)}
+    text = forms[printed]
+    line = f"server_args=ServerArgs(api_key={text})\n".encode()
+    out = _copy_through([line[:30], line[30:]], key)
+    assert out.count(b"********") == 1, out
+    for form in ("k'ey", "ey\\\"with", "odd-ch"):
+        assert form.encode() not in out, out
+
+
+def test_a_line_without_the_key_passes_unchanged_and_at_once() -> None:
+    mod = _launcher_module()
+    written, pending = mod.redact(b"INFO ready on port 30000\nstill going", mod.key_forms(KEY))
+    assert (written, pending) == (b"INFO ready on port 30000\nstill going", b"")
+    written, pending = mod.redact(b"api_key=" + KEY[:9].encode(), mod.key_forms(KEY))
+    assert (written, pending) == (b"api_key=", KEY[:9].encode()), "the start of the key is held back"

@@ -16,8 +16,9 @@ no key on their command line. This launcher:
 - runs MODULE as `python -m MODULE ARGS --api-key KEY` would, in a child process whose sys.argv gets
   the key: sys.argv is Python's own copy, and the kernel's copy (/proc/PID/cmdline) stays the exec'd one;
 - copies the child's stdout and stderr (and those of every process it starts, which inherit them) to
-  its own, line by line, with the key replaced by ******** before a line reaches the journal: SGLang
-  logs its whole ServerArgs, api_key included, at every start.
+  its own with the key replaced by ******** before it reaches the journal: SGLang logs its whole
+  ServerArgs, api_key included, at every start. The key is masked as is and in its escaped forms (repr,
+  JSON), in lines of any length and across reads: the copy holds back only an end that may begin a key.
 
 The exit status is the child's, and when a signal ended the child the launcher ends by the same signal
 (systemd counts a service killed by SIGTERM as stopped cleanly, an exit code of 143 as failed); SIGTERM
@@ -29,6 +30,7 @@ unit's control group. Without a key the module runs in this process, unchanged.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import runpy
 import signal
@@ -68,21 +70,39 @@ def _child(module: str, args: list[str], write_fd: int) -> None:
     os._exit(code)
 
 
-def _copy_redacted(read_fd: int, key: bytes) -> None:
-    """Copy lines from read_fd to stdout until every writer has closed it, masking the key."""
+def key_forms(key: str) -> list[bytes]:
+    """The key as a log line can hold it: as is, as repr() writes it (SGLang logs its ServerArgs with %r), and
+    as JSON writes it (with and without ASCII escapes). Longest first, so a form that holds another is masked
+    whole."""
+    forms = {key, repr(key)[1:-1], json.dumps(key)[1:-1], json.dumps(key, ensure_ascii=False)[1:-1]}
+    return sorted({f.encode("utf-8", "surrogatepass") for f in forms if f}, key=len, reverse=True)
+
+
+def redact(buf: bytes, forms: list[bytes]) -> tuple[bytes, bytes]:
+    """Mask every form of the key in buf. Returns what can be written now and the tail to hold back: the
+    longest end of buf that begins some form, which the next read may complete. Lines play no part, so a
+    line of any length, or a key split across reads, is masked all the same."""
+    for form in forms:
+        buf = buf.replace(form, MASK)
+    keep = 0
+    for form in forms:
+        for n in range(min(len(form) - 1, len(buf)), keep, -1):
+            if buf.endswith(form[:n]):
+                keep = n
+                break
+    return buf[: len(buf) - keep], buf[len(buf) - keep :]
+
+
+def _copy_redacted(read_fd: int, forms: list[bytes]) -> None:
+    """Copy read_fd to stdout until every writer has closed it, with each form of the key masked."""
     with os.fdopen(read_fd, "rb", buffering=0) as pipe:
         pending = b""
         while chunk := pipe.read(65536):
-            pending += chunk
-            lines, _, pending = pending.rpartition(b"\n")
-            if lines:
-                os.write(1, lines.replace(key, MASK) + b"\n")
-            if len(pending) > 1 << 20:  # a very long line without newline: flush all but a key's length
-                keep = len(key) - 1
-                head, pending = pending[:-keep] if keep else pending, pending[-keep:] if keep else b""
-                os.write(1, head.replace(key, MASK))
-        if pending:
-            os.write(1, pending.replace(key, MASK))
+            out, pending = redact(pending + chunk, forms)
+            if out:
+                os.write(1, out)
+        if pending:  # the output ended inside what begins the key: that start is masked too
+            os.write(1, MASK)
 
 
 def read_key() -> str:
@@ -121,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    copier = threading.Thread(target=_copy_redacted, args=(read_fd, key.encode()), daemon=True)
+    copier = threading.Thread(target=_copy_redacted, args=(read_fd, key_forms(key)), daemon=True)
     copier.start()
     _, status = os.waitpid(pid, 0)
     copier.join(timeout=DRAIN_S)
