@@ -231,6 +231,29 @@ def test_train_playbook_says_the_plan_is_skipped_when_the_model_is_not_there(tmp
     assert "TASK [trainer_run : Read the state of the run's unit]" in out
 
 
+def test_a_config_json_the_owner_links_to_a_root_file_is_not_read(tmp_path: Path) -> None:
+    """The model directory is the run user's: a config.json that is a symbolic link (to a file only root may
+    read), or one reached through a linked directory, is refused by the root-run read and never shown."""
+    secret = tmp_path / "root-only"
+    secret.write_text('{"model_type": "TOP-SECRET-VALUE"}\n')
+    secret.chmod(0o600)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").symlink_to(secret)
+    r = _local_run(tmp_path, model)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert "TOP-SECRET-VALUE" not in out
+    assert "PLAN SKIPPED on ct200" in out and "is reached through a symbolic link" in out, out[-3000:]
+    linked = tmp_path / "linked-model"
+    linked.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    fixture = ROOT / "tests" / "fixtures" / "qwen36-27b" / "config.json"
+    shutil.copy(fixture, tmp_path / "elsewhere" / "config.json")
+    r = _local_run(tmp_path, linked)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert "PLAN SKIPPED on ct200" in out and "is reached through a symbolic link" in out, out[-3000:]
+
+
 def test_watch_finds_the_ranks_under_torchrun_in_a_real_process_tree() -> None:
     """The ranks are torchrun's direct children (their own children, e.g. data loader workers, are not)."""
     watch = _load(ROLE / "files" / "trainer_run_watch.py")
