@@ -18,6 +18,10 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 source "$(dirname "$0")/mounts.sh"
 WORK=${IMAGES_WORKDIR:-$(cd "$(dirname "$0")" && pwd)/rootfs}
 suites=("$@")
+# One build at a time (bin/test's two lanes may both ask): the second waits, then finds the images there.
+mkdir -p "$WORK"
+exec 9>"$WORK/.build.lock"
+flock 9
 [ ${#suites[@]} -gt 0 ] || suites=(bookworm trixie)
 
 for suite in "${suites[@]}"; do
