@@ -1,11 +1,11 @@
 """Each value the roles share has one owner, and no copy of it appears anywhere else.
 
-Owners: roles/node/defaults/main.yml for the NVIDIA driver version, the uv binary, the training
-venv and the workspace; requirements/torch.txt for the torch pin. Roles, inventories, playbooks, the
-stand-ins, the requirement files and the bootstrap read them (a role's own variable defaults to the
+Owners: roles/node/defaults/main.yml for the NVIDIA driver version, the uv binary, the training venv and the
+workspace; requirements/torch.txt for the torch pin. Roles, inventories, playbooks (the lab's in lab/ too),
+the stand-ins, the requirement files and the bootstrap read them (a role's own variable defaults to the
 shared one). A copy is a literal of the value in any of those files, comment lines and Markdown excepted
-(they may show an example). Run files (files/runs/) are the user's data on the node and the molecule scenarios
-and tests hold their own expectations, so neither is scanned.
+(they may show an example). Run files (files/runs/) are the user's data on the node and the molecule
+scenarios and tests hold their own expectations, so neither is scanned.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = ROOT / "roles/node/defaults/main.yml"
 TORCH = ROOT / "requirements/torch.txt"
-SCANNED = ("roles/", "inventory/", "playbooks/", "files/pyenv/", "requirements/", "bin/", "tests/doubles/",
-           "site.yml", "train.yml", "pyproject.toml")
+SCANNED = ("roles/", "inventory/", "playbooks/", "lab/", "files/pyenv/", "requirements/", "bin/",
+           "tests/doubles/", "site.yml", "train.yml", "pyproject.toml")
 COMMENT = re.compile(r"^\s*(#|//|\*)")
 # Files whose tool reads no other file and so must repeat a value: pip reads a package's dependencies from
 # pyproject.toml alone. tests/test_install.py checks that each repeats its owner's value exactly.

@@ -11,7 +11,7 @@ configure it). A real Proxmox VE cannot run here.
     pve_api_lab.py boot NAME                      # restart an unprivileged container, its cgroup its root's
     pve_api_lab.py nodes DIR --gpus N             # the GPU nodes Proxmox makes for an unprivileged CT
 
-`lab.json` (written by playbooks/lab.yml): {"double": {...pve_api.py options...}, "cts": {"200":
+`lab.json` (written by lab/playbook.yml): {"double": {...pve_api.py options...}, "cts": {"200":
 {"name": "lab-ct200", "image": ..., "network": ..., "host": "lab-pve", "volumes": [...], "setup": "sh"}}}.
 On `vzcreate` the hook removes any podman container of the CT's name: the CT is being created, so a
 container of that name is a leftover of an earlier lab (another checkout, a `bin/lab` cut short) and

@@ -1,4 +1,4 @@
-"""The molecule GRUB stand-in (molecule/kernel/fake-boot/fakeboot.py) behaves as GRUB does on Proxmox VE.
+"""The molecule GRUB stand-in (tests/doubles/fake-boot/fakeboot.py) behaves as GRUB does on Proxmox VE.
 
 The kernel_fallback scenario proves the role safe only if its GRUB machine is not kinder than GRUB: it
 must write the menu grub-mkconfig writes on PVE 8/9 (the same entries as the samples of
@@ -18,7 +18,7 @@ import pytest
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 REPO = Path(__file__).resolve().parents[2]
-STANDIN = REPO / "molecule/kernel/fake-boot/fakeboot.py"
+STANDIN = REPO / "tests/doubles/fake-boot/fakeboot.py"
 TEMPLATES = REPO / "roles/kernel/templates"
 ESP_UUID = "7A3C-1F0E"
 ENV = "grub/gpu-node-boot.env"

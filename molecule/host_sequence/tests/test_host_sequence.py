@@ -1,6 +1,6 @@
 """playbooks/host.yml end to end: build, modules for the NEW kernel before the reboot, one boot, default.
 
-The boot chain is simulated (molecule/kernel/fake-boot/fakeboot.py, real tools' semantics); the kernel
+The boot chain is simulated (tests/doubles/fake-boot/fakeboot.py, real tools' semantics); the kernel
 build and the out-of-tree module build against the new kernel's headers are real.
 """
 

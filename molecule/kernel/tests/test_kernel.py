@@ -2,7 +2,7 @@
 
 The build is real: `make bindeb-pkg` ran in the container and its .debs were installed. The boot is
 simulated: a container has no bootloader and cannot reboot, so prepare.yml installed a stand-in
-proxmox-boot-tool and a stand-in reboot (molecule/kernel/fake-boot) that keep the pin state and log
+proxmox-boot-tool and a stand-in reboot (tests/doubles/fake-boot) that keep the pin state and log
 every call. The fallback path is covered by the kernel_fallback scenario.
 """
 import json

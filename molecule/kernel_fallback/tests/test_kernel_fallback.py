@@ -1,6 +1,6 @@
 """The kernel role never makes an untested kernel the default, and the play says why.
 
-The boot chain is simulated (molecule/kernel/fake-boot/fakeboot.py) with the real tools' semantics:
+The boot chain is simulated (tests/doubles/fake-boot/fakeboot.py) with the real tools' semantics:
 newest kernel wins when nothing is pinned, proxmox-boot-tool's pin needs a refresh, its next-boot pin
 is cleared only in userspace, systemd-boot and GRUB clear their own one-shots at boot, a panic without
 panic=N sits there. The old sequence (pin --next-boot without refresh, no panic=N, nothing pinned before

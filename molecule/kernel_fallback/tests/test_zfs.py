@@ -1,6 +1,6 @@
 """ZFS hosts: the new kernel gets OpenZFS of the host's own release before any reboot, or no reboot at all.
 
-The stand-ins (molecule/kernel/fake-boot/zfs-standins.yml, zfs-standin-source.yml) model the real tools:
+The stand-ins (tests/doubles/fake-boot/zfs-standins.yml, zfs-standin-source.yml) model the real tools:
 `zfs version` reports the host's OpenZFS (2.2.7-pve2), a signed stand-in release tarball zfs-2.2.7.tar.gz
 is served from file:///srv/openzfs, its configure/make write module/zfs.ko whose .modinfo the REAL kmod
 modinfo and depmod read. /var/lib/fake-boot/zfs-case says which case a host models:
