@@ -5,8 +5,8 @@
                                       (trainer/runlock.py); it names the holder's pid, host and command;
                                       run.node-R.lock for node R > 0 of a multi-node run
         <generate.output>/            shards of regenerated completions, manifest.json (progress)
-            _state/                   spool: lock, open shards, rejects.ndjson, skipped.ndjson, progress.json,
-                                      summary.json
+            _state/                   spool: lock, open/ shards, manifest/ sidecars, uploaded, rejects.ndjson,
+                                      skipped.ndjson, progress.json, summary.json
         completions/                  completions fetched from S3 for prepare (data.completions s3://)
         <data.shards>/                Arrow shards + manifest.json with the doctor's verdict
         <data.heldout_shards>/        the conversations held out of training (eval scores them)
@@ -20,6 +20,10 @@
 Relative paths in the config (`run_dir`, `data.shards`, `eval.shards`) are relative to the trainer's
 working directory (`run_dir`) and to the run directory (the others); `base` resolves `run_dir` for a
 caller elsewhere (the controller asking for the node's paths).
+
+Generate's output dir and a shards dir have the same shape wherever they are (a run dir, a test's tmp
+dir, an S3 prefix): the names inside them are the constants and helpers below, which RunLayout and the
+modules that write and read those dirs (trainer.generate.store and .remote, trainer.data) share.
 """
 from __future__ import annotations
 
@@ -40,6 +44,22 @@ CHECKPOINTS_DIR = "checkpoints"  # under the run dir; a run dir given as a check
 EVAL_PATTERN = "step-*.json"
 CHECKPOINT_PATTERN = "step-*"
 LOCK_FILE = "run.lock"
+
+MANIFEST_FILE = "manifest.json"  # in generate's output dir and in a shards dir: what the dir holds when whole
+STATE_DIR = "_state"  # generate's spool in its output dir (`_`-prefixed: readers of completions skip it)
+SIDECARS_DIR = f"{STATE_DIR}/manifest"  # a sidecar per sealed shard, relative to the output dir (also on S3)
+OPEN_DIR = f"{STATE_DIR}/open"  # the shards being written, relative to the output dir
+REJECTS_FILE = f"{STATE_DIR}/rejects.ndjson"  # rejected prompts, relative to the output dir (also on S3)
+
+
+def manifest_of(directory: Path) -> Path:
+    """The manifest.json of generate's output dir or of a shards dir."""
+    return directory / MANIFEST_FILE
+
+
+def generate_state_dir(output: Path) -> Path:
+    """Generate's spool under its output dir: lock, open shards, sidecars, progress, summary."""
+    return output / STATE_DIR
 
 
 def step_name(step: int) -> str:
@@ -174,12 +194,22 @@ class RunLayout:
     # -- generate ------------------------------------------------------------------------------------
     @property
     def generate_state(self) -> Path:
-        return self.generate_output / "_state"
+        return generate_state_dir(self.generate_output)
 
     @property
     def generate_manifest(self) -> Path:
         """The progress manifest (complete, shards, counts), mirrored to S3."""
-        return self.generate_output / "manifest.json"
+        return manifest_of(self.generate_output)
+
+    @property
+    def generate_sidecars(self) -> Path:
+        """One JSON sidecar per sealed shard (sha256, bytes, records, ids)."""
+        return self.generate_output / SIDECARS_DIR
+
+    @property
+    def generate_open(self) -> Path:
+        """The shards being written, one flushed line per completion."""
+        return self.generate_output / OPEN_DIR
 
     @property
     def generate_progress(self) -> Path:
@@ -192,7 +222,7 @@ class RunLayout:
 
     @property
     def generate_rejects(self) -> Path:
-        return self.generate_state / "rejects.ndjson"
+        return self.generate_output / REJECTS_FILE
 
     @property
     def generate_skipped(self) -> Path:
@@ -205,6 +235,11 @@ class RunLayout:
         return self.generate_state / "prompts"
 
     # -- prepare -------------------------------------------------------------------------------------
+    @property
+    def shards_manifest(self) -> Path:
+        """The prepared shards' manifest.json (counts, files, the doctor's verdict), written last."""
+        return manifest_of(self.shards)
+
     @property
     def fetched_completions(self) -> Path:
         """Where prepare downloads completions that live on S3."""

@@ -22,7 +22,6 @@ from typing import Any
 
 from trainer.cli_args import EXIT_BAD_INPUT, add_run_config_args, load_from_args
 from trainer.config import RunConfig
-from trainer.data.shards import MANIFEST as DATA_MANIFEST
 from trainer.layout import EVAL_PATTERN, RunLayout, latest_checkpoint
 
 DEFAULT_WINDOW = 50  # optimizer steps the throughput, step time, MFU and ETA are averaged over
@@ -107,13 +106,12 @@ def generate_status(layout: RunLayout, now: float) -> dict[str, Any]:
         if isinstance(progress.get("updated"), int | float):
             st["updated_s_ago"] = round(max(0.0, now - progress["updated"]), 1)
         return st
-    state_dir = layout.generate_state
     sealed = 0
-    for side in sorted((state_dir / "manifest").glob("*.json")):
+    for side in sorted(layout.generate_sidecars.glob("*.json")):
         rec = _read_json(side)
         sealed += int(rec.get("records", 0)) if isinstance(rec, dict) else 0
     open_lines = 0
-    for p in (state_dir / "open").glob("*.jsonl"):
+    for p in layout.generate_open.glob("*.jsonl"):
         with contextlib.suppress(FileNotFoundError):  # sealed meanwhile: counted by the next status
             open_lines += p.read_bytes().count(b"\n")
     if sealed or open_lines or isinstance(manifest, dict):
@@ -122,7 +120,7 @@ def generate_status(layout: RunLayout, now: float) -> dict[str, Any]:
 
 
 def prepare_status(layout: RunLayout) -> dict[str, Any]:
-    path = layout.shards / DATA_MANIFEST
+    path = layout.shards_manifest
     manifest = _read_json(path)
     st: dict[str, Any] = {"state": PENDING, "shards": str(layout.shards)}
     if manifest is None:

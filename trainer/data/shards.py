@@ -20,7 +20,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-MANIFEST = "manifest.json"
+from trainer.layout import MANIFEST_FILE
+
+MANIFEST = MANIFEST_FILE  # trainer.layout owns the name
 SAMPLES = "samples.arrow"
 FORMAT_VERSION = 1
 

@@ -137,7 +137,7 @@ def up_to_date(cfg: RunConfig) -> str | None:
     from trainer.data.sync import SyncError
 
     layout = RunLayout.of(cfg)
-    if not (layout.shards / "manifest.json").exists():
+    if not layout.shards_manifest.exists():
         return None
     try:
         src = local_completions(cfg, layout)

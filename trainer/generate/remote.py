@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.generate.store import ShardInfo, ShardStore, SidecarError, read_records
+from trainer.layout import MANIFEST_FILE, REJECTS_FILE, SIDECARS_DIR
 from trainer.s3 import join_key
 from trainer.safepath import UnsafePathError, inside
 
@@ -49,7 +50,7 @@ class S3Mirror:
         """Shard name -> ShardInfo for every sidecar on S3 (SidecarError when one names no plain file)."""
         out: dict[str, ShardInfo] = {}
         paginator = self.client.get_paginator("list_objects_v2")
-        pages = paginator.paginate(Bucket=self.bucket, Prefix=self.key("_state/manifest/"))
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=self.key(SIDECARS_DIR))
         keys = [o["Key"] for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".json")]
         for key in keys:
             body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
@@ -89,12 +90,12 @@ class S3Mirror:
         path = self.store.out / info.name
         self.client.upload_file(str(path), self.bucket, self.key(info.name),
                                 ExtraArgs={"Metadata": {"sha256": info.sha256}})
-        side = self.key("_state/manifest", info.name.split(".")[0] + ".json")
+        side = self.key(SIDECARS_DIR, info.name.split(".")[0] + ".json")
         self.client.put_object(Bucket=self.bucket, Key=side,
                                Body=json.dumps(info.to_json()).encode(), ContentType="application/json")
 
     def upload_manifest(self, manifest: dict[str, Any]) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self.key("manifest.json"),
+        self.client.put_object(Bucket=self.bucket, Key=self.key(MANIFEST_FILE),
                                Body=json.dumps(manifest, indent=1).encode(), ContentType="application/json")
 
     def upload_file(self, path: Path, rel: str) -> None:
@@ -161,7 +162,7 @@ class S3Mirror:
                 await asyncio.wait_for(self.pending.join(), max(1.0, deadline - time.monotonic()))
             if rejects is not None and rejects.exists():
                 await asyncio.wait_for(self._retrying("rejects upload", self.upload_file, rejects,
-                                                      "_state/rejects.ndjson"),
+                                                      REJECTS_FILE),
                                        max(1.0, deadline - time.monotonic()))
             await asyncio.wait_for(self._retrying("manifest upload", self.upload_manifest, manifest),
                                    max(1.0, deadline - time.monotonic()))

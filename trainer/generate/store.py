@@ -1,6 +1,7 @@
 """The local spool of finished completions: the source of truth for exactly-once.
 
-Layout under the output dir (only finished shards sit at the top level, for prepare to read):
+Layout under the output dir (only finished shards sit at the top level, for prepare to read; the names
+are trainer.layout's):
 
     part-00000-1a2b3c.jsonl.zst       sealed shards, one record per line
     manifest.json                     shard list + checksums + counts (also on S3)
@@ -27,6 +28,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from trainer.layout import OPEN_DIR, SIDECARS_DIR, generate_state_dir, manifest_of
 from trainer.safepath import UnsafePathError, check_name
 
 SHARD_RE = re.compile(r"^part-(\d{5,})-([0-9a-f]+)\.(jsonl|jsonl\.zst)$")
@@ -89,9 +91,9 @@ class ShardStore:
         self.out = out
         self.fmt = fmt
         self.shard_records = shard_records
-        self.state = out / "_state"
-        self.open_dir = self.state / "open"
-        self.side_dir = self.state / "manifest"
+        self.state = generate_state_dir(out)
+        self.open_dir = out / OPEN_DIR
+        self.side_dir = out / SIDECARS_DIR
         for d in (self.out, self.open_dir, self.side_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._lock = self._take_lock()
@@ -275,7 +277,7 @@ class ShardStore:
     def manifest(self, **extra: Any) -> dict[str, Any]:
         shards = [self.shards[n].to_json(with_ids=False) for n in sorted(self.shards)]
         return {"format": self.fmt, "records": sum(s["records"] for s in shards), "shards": shards,
-                "ids_in": "_state/manifest/<shard>.json", **extra}
+                "ids_in": f"{SIDECARS_DIR}/<shard>.json", **extra}
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        _atomic_write(self.out / "manifest.json", json.dumps(manifest, indent=1).encode())
+        _atomic_write(manifest_of(self.out), json.dumps(manifest, indent=1).encode())
