@@ -222,10 +222,10 @@ def bench(args: argparse.Namespace) -> dict[str, Any] | None:
             opt.zero_grad(set_to_none=True)
             dev.synchronize(rt.device)
             dt = time.perf_counter() - start
-            counts = meter.micro(out.metrics, batch.lengths.tolist(), out.blocks.keep.sum(1).tolist())
+            counts = meter.count(out, batch.lengths)
             losses.append(float(out.loss.detach()))
             log(f"step {i}{' (warm-up)' if i < args.warmup else ''}: {dt:.3f}s loss {losses[-1]:.4f} "
-                f"grad norm {norm:.3f}")
+                f"grad norm {float(norm):.3f}")
             if i == 0:
                 first = dt
             if i >= args.warmup:

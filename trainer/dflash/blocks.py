@@ -32,6 +32,11 @@ class Blocks:
     def num_blocks(self) -> int:
         return int(self.anchors.shape[1])
 
+    def to(self, device: torch.device | str) -> Blocks:
+        """The blocks on `device`, copied without waiting for the GPU."""
+        return Blocks(**{f.name: getattr(self, f.name).to(device, non_blocking=True)
+                         for f in dataclasses.fields(self)})
+
 
 def valid_anchor_mask(loss_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """[bs, S] bool: loss_mask[a] and loss_mask[a+1], with a+1 < length."""

@@ -119,6 +119,29 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class HostCopy:
+    """A tensor's copy on the host, queued behind the work that makes it without waiting for the device.
+
+    On CUDA it lands in pinned memory, and `get` waits for that copy alone (an event recorded after it),
+    not for the work queued since; elsewhere the copy is made at once.
+    """
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.event: Any = None
+        if t.device.type == "cuda":
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t.detach(), non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = t.detach().clone()
+
+    def get(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
+
+
 def peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -241,6 +264,12 @@ def _compiled_fn(fn: Callable[..., Any], device: torch.device) -> Callable[..., 
         _compiled[key] = torch.compile(fn, backend=backend, dynamic=False, fullgraph=True,
                                        recompile_limit=_compile_limit, isolate_recompiles=True)
     return _compiled[key]
+
+
+def flex_compiled(device: torch.device) -> bool:
+    """Whether a default forward on `device` runs compiled flex attention (one compile per batch shape)."""
+    backend = _COMPILE_BACKEND or ("inductor" if device.type == "cuda" else None)
+    return flex_enabled(device) and backend is not None
 
 
 def flex_attention_fn(device: torch.device) -> Callable[..., Any]:

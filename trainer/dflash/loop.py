@@ -1,9 +1,13 @@
 """The DFlash train loop: load, (resume,) step, log, checkpoint, export.
 
 Reads like a story (torchtitan style): runtime -> data (doctor gate) -> target -> drafter (DDP)
--> optimizer/schedule -> resume -> warm-up -> steps -> final checkpoint + SGLang export.
+-> optimizer/schedule -> resume -> warm-up (target, then every batch shape compiled) -> steps -> final
+checkpoint + SGLang export.
 Randomness per micro-batch (anchors, feature noise) comes from a generator seeded by
 (seed, micro-batch index, rank), so a resumed run draws exactly what the uninterrupted run drew.
+Between log steps nothing waits for the GPU: batches are collated and their blocks worked out on the host,
+metrics stay device tensors until the log step reads them (`PendingSteps`), and the ranks agree on a stop
+without a per-step sync (`StopVote`).
 """
 from __future__ import annotations
 
@@ -22,12 +26,15 @@ from trainer.config import RunConfig, to_dict
 from trainer.dflash import checkpoint as ckpt
 from trainer.dflash import device as dev
 from trainer.dflash import parallel, resume_changes
+from trainer.dflash.buckets import batch_shapes, bucket_bounds
 from trainer.dflash.drafter import build_drafter
 from trainer.dflash.export import export_for_sglang
-from trainer.dflash.metrics import Meter, MetricsAccumulator, MetricsLogger
+from trainer.dflash.metrics import Meter, MetricsAccumulator, MetricsLogger, PendingSteps
 from trainer.dflash.optim import ProgressSchedule, build_optimizer
 from trainer.dflash.step import collate, dflash_forward
+from trainer.dflash.stop import StopVote
 from trainer.dflash.target import load_target
+from trainer.dflash.warmup import compile_sweep, sweep_batch
 from trainer.layout import RunLayout
 
 log = logging.getLogger(__name__)
@@ -68,8 +75,10 @@ class Trainer:
         from trainer.data.sampler import BucketBatchSampler
 
         size = {"max_tokens": t.max_tokens} if t.max_tokens > 0 else {"batch_size": t.batch_size}
-        self.sampler = BucketBatchSampler(list(self.ds.lengths), seed=cfg.seed, rank=self.rt.rank,
-                                          world_size=self.rt.world_size, **size)
+        lengths = list(self.ds.lengths)
+        self.sampler = BucketBatchSampler(lengths, seed=cfg.seed, rank=self.rt.rank,
+                                          world_size=self.rt.world_size,
+                                          boundaries=bucket_bounds(lengths, cfg.data.max_length), **size)
         self.total_steps = self._total_steps(0)
         torch.manual_seed(cfg.seed)
         tdtype = cfg.target.dtype if self.rt.target_device.type == "cuda" else "float32"
@@ -92,6 +101,9 @@ class Trainer:
         self._uploader: threading.Thread | None = None
         self.layout = RunLayout.of(cfg)
         self.ckpt_root = self.layout.checkpoints
+        self.pending = PendingSteps()  # the steps since the last log line, read back on the next one
+        self.losses: list[float] = []
+        self._logger: MetricsLogger | None = None
 
     def _total_steps(self, done: int) -> int:
         """Optimizer steps of the run: `done` plus what the sampler has left (train.max_steps caps it)."""
@@ -118,6 +130,7 @@ class Trainer:
     # -- state --------------------------------------------------------------------------------------
     def save(self) -> Path | None:
         """Write a checkpoint (rank 0) and wait for it on every rank; returns its path on rank 0."""
+        self._flush()  # the metrics lines up to the checkpoint's step (a resume starts after them)
         self._saved_step = self.step
         weights, optim = parallel.full_state(self.model, self.opt, self.rt)  # a collective
         path = None
@@ -202,13 +215,13 @@ class Trainer:
                 return
 
     def _train_step(self, it: Iterator[list[int]]
-                    ) -> tuple[float, float, MetricsAccumulator, torch.Tensor] | None:
+                    ) -> tuple[torch.Tensor, torch.Tensor, MetricsAccumulator, torch.Tensor] | None:
         """One optimizer step over grad_accum micro-batches: (loss, grad norm, metrics, this rank's
-        counts for the meter)."""
+        counts for the meter), all device tensors: nothing here waits for the GPU."""
         t, rt = self.cfg.train, self.rt
         acc = MetricsAccumulator()
-        counts = torch.zeros(4, dtype=torch.float64)
-        loss_sum = 0.0
+        counts = torch.zeros(4, dtype=torch.float64, device=rt.device)
+        loss_sum = torch.zeros((), device=rt.device)
         start, end = self._progress()
         self.sched.set(start, end)
         for micro in range(t.grad_accum):
@@ -216,8 +229,9 @@ class Trainer:
             if idx is None:
                 self.opt.zero_grad(set_to_none=True)
                 return None
+            # on the host: dflash_forward works out the blocks there and copies them over without a sync
             batch = collate([self.ds[i] for i in idx], pad_to=self.sampler.pad_to(idx),
-                            max_length=self.cfg.data.max_length, device=rt.device)
+                            max_length=self.cfg.data.max_length)
             seed = micro_seed(self.cfg.seed, self.step * t.grad_accum + micro, rt.rank)
             gen = torch.Generator().manual_seed(seed)
             with parallel.gradient_sync(self.model, micro == t.grad_accum - 1), dev.autocast(rt):
@@ -225,15 +239,50 @@ class Trainer:
                                      generator=gen, noise_seed=seed,
                                      progress=start)
                 (out.loss / t.grad_accum).backward()
-            loss_sum += float(out.loss.detach())
+            loss_sum += out.loss.detach()
             acc.add(out.metrics)
             acc.step()
-            counts += self.meter.micro(out.metrics, batch.lengths.tolist(), out.blocks.keep.sum(1).tolist())
-        gnorm = parallel.clip_grad_norm(self.params, t.grad_clip) if t.grad_clip > 0 else 0.0
+            counts += self.meter.count(out, batch.lengths)
+        gnorm = (parallel.clip_grad_norm(self.params, t.grad_clip) if t.grad_clip > 0
+                 else torch.zeros((), device=rt.device))
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
         return loss_sum / t.grad_accum, gnorm, acc, counts
+
+    def _flush(self, steps_left: int | None = None) -> dict[str, Any]:
+        """Write the pending steps' metrics lines (a collective when distributed: every rank calls it on
+        the same steps); with `steps_left`, on a log step, the window's rates go into the last line and are
+        returned."""
+        records = self.pending.flush(self.meter, self.rt.distributed)
+        rates = self.meter.rates(steps_left) if steps_left is not None else {}
+        if records:
+            records[-1][1].update(rates)
+        for step, record in records:
+            self.losses.append(record["loss"])
+            if self._logger is not None:
+                self._logger.step(step, record)
+        return rates
+
+    def _compile_all_shapes(self, shapes: list[tuple[int, int]]) -> None:
+        """Compile flex attention for every batch shape before step 1 (`trainer.dflash.warmup`); nothing
+        when it is not compiled (CPU)."""
+        if not dev.flex_compiled(self.rt.device):
+            return
+        cfg, rt = self.cfg, self.rt
+
+        def one(rows: int, length: int) -> None:
+            batch, anchors = sweep_batch(rows, length, cfg.drafter.max_anchors)
+            with dev.autocast(rt):
+                out = dflash_forward(batch, self.target, self.model, cfg.drafter, cfg.loss, anchors=anchors,
+                                     noise_seed=0)
+                out.loss.backward()
+            self.opt.zero_grad(set_to_none=True)
+            dev.synchronize(rt.device)
+
+        total = compile_sweep(shapes, one, log.info if rt.is_main else log.debug)
+        if rt.is_main:
+            log.info("compiled %d batch shapes in %.0f s", len(shapes), total)
 
     # -- graceful stop ------------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -261,18 +310,20 @@ class Trainer:
             else:
                 self.load(found)
             self._check_same_step()
-        shapes = self.sampler.shapes()
+        shapes = batch_shapes(self.sampler.shapes(), cfg.data.max_length)
         dev.configure_compile(num_shapes=len(shapes))  # one flex compilation per batch shape, never more
         dev.warm_up_target(rt, self.target, tuple(sorted({n for _, n in shapes})))
-        logger = MetricsLogger(self.layout.metrics, self.total_steps, self.step, enabled=rt.is_main,
-                               progress=t.progress, wandb_cfg=cfg.wandb, run_name=cfg.name,
-                               config=to_dict(cfg))
+        self.model.train()
+        self._compile_all_shapes(shapes)
+        logger = self._logger = MetricsLogger(self.layout.metrics, self.total_steps, self.step,
+                                              enabled=rt.is_main, progress=t.progress, wandb_cfg=cfg.wandb,
+                                              run_name=cfg.name, config=to_dict(cfg))
         it = self._micro_batches()
         window = MetricsAccumulator()
-        losses: list[float] = []
+        vote = StopVote(rt.device, rt.distributed)
+        losses = self.losses
         last_log: dict[str, Any] = {}
         last_ckpt: Path | None = None
-        self.model.train()
         self.meter.restart_clock()
         try:
             while self.step < self.total_steps:
@@ -284,19 +335,17 @@ class Trainer:
                 for k, v in acc.sums.items():
                     window.sums[k] = window.sums[k] + v if k in window.sums else v
                 window.steps += acc.steps
-                losses.append(loss)
                 lr = self.sched.last_lr
-                tau = float(acc.sums["tau_sum"] / acc.sums["blocks"].clamp(min=1))
-                meter, stop = self.meter.end_step(counts, self._signal is not None, rt.distributed)
+                seconds = self.meter.end_step()
+                stop = vote(self._signal is not None)
                 left = self.total_steps - self.step
-                record = {"loss": loss, "tau": tau, "lr": lr, "grad_norm": gnorm,
-                          "progress": round(self._progress()[0], 6),
-                          "total_steps": self.total_steps, **meter, "eta_s": round(self.meter.eta(left), 1)}
+                self.pending.add(self.step, loss, gnorm, acc, counts, lr=lr,
+                                 progress=round(self._progress()[0], 6), total_steps=self.total_steps,
+                                 seconds=seconds, eta_s=round(self.meter.eta(left), 1))
+                logger.tick()
                 if self.step % t.log_every == 0 or self.step == self.total_steps:
-                    rates = self.meter.rates(left)
-                    record.update(rates)
+                    rates = self._flush(left)
                     last_log = logger.log(self.step, {**window.reduce(rt.distributed), **rates}, lr)
-                logger.step(self.step, record)
                 if t.save_every and self.step % t.save_every == 0:
                     last_ckpt = self.save()
                 if self.step < self.total_steps and stop:
@@ -304,6 +353,7 @@ class Trainer:
                         last_ckpt = self.save()
                     return TrainResult(self.step, self.total_steps, losses, last_log, last_ckpt, None, True,
                                        interrupted=True)
+            self._flush()  # data exhausted before the last log step
             if self._saved_step != self.step:  # the same decision on every rank (save() has a barrier)
                 last_ckpt = self.save()
             export = None
@@ -315,6 +365,7 @@ class Trainer:
         finally:
             self.wait_for_upload()  # the last checkpoint is on S3 before the stage returns
             logger.close()
+            self._logger = None
 
 
 def train(cfg: RunConfig, *, resume: bool = False, dataset: Any = None) -> TrainResult:

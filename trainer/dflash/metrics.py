@@ -2,9 +2,15 @@
 ETA), a tqdm progress bar and W&B when the run config names a project (mode offline in tests).
 
 The meter counts what the ranks really processed, each token once: every step sums the samples, tokens,
-supervised tokens and model FLOPs of all ranks' micro-batches (one all-reduce of a small vector, which
-also carries the stop flag), and divides by the step's wall time. MFU is those FLOPs over the GPUs' dense
-bf16 peak (`trainer.dflash.device.peak_tflops`, or train.placement.gpu_peak_tflops).
+supervised tokens and model FLOPs of all ranks' micro-batches, and divides by the step's wall time. MFU is
+those FLOPs over the GPUs' dense bf16 peak (`trainer.dflash.device.peak_tflops`, or
+train.placement.gpu_peak_tflops).
+
+Nothing is read back from the GPU between two log steps: each step's loss, grad norm, tau and counts stay
+device tensors (`PendingSteps`), and on a log step (and before a checkpoint) they are summed over the ranks
+in one all-reduce, copied to the host in one copy and written as that many metrics.jsonl lines. The host
+therefore runs ahead of the GPU between log lines: a line's step_time_s is the host's time for that step,
+and the log line's throughput and MFU, which end in that copy, are exact over the window.
 """
 from __future__ import annotations
 
@@ -78,30 +84,33 @@ class Meter:
         peak = cfg.train.placement.gpu_peak_tflops or dev.peak_tflops(rt.device)
         return cls(FlopCounter.of(cfg, target_config, arch), peak or None, rt.world_size, rt.device)
 
-    def micro(self, metrics: dict[str, torch.Tensor], lengths: list[int], blocks: list[int]) -> torch.Tensor:
-        """This rank's counts of one micro-batch, as a vector (samples, tokens, supervised, FLOPs)."""
-        return torch.tensor([float(metrics["samples"]), float(metrics["tokens"]),
-                             float(metrics["supervised_tokens"]), self.flops.micro(lengths, blocks)],
-                            dtype=torch.float64)
+    def count(self, out: Any, lengths: torch.Tensor) -> torch.Tensor:
+        """This rank's counts of one micro-batch (a `StepOutput` and its samples' real lengths) as a float64
+        vector on the drafter's device: samples, tokens, supervised tokens, FLOPs. FLOPs count each sample at
+        its real length with its kept blocks (`FlopCounter.per_sample`): padding adds none."""
+        kept = out.blocks.keep.sum(1).double()
+        real = lengths.to(kept.device, non_blocking=True).double()
+        m = out.metrics
+        return torch.stack([m["samples"].double(), m["tokens"].double(), m["supervised_tokens"].double(),
+                            self.flops.per_sample(real, kept).sum()])
 
-    def end_step(self, local: torch.Tensor, stop: bool, distributed: bool) -> tuple[dict[str, float], bool]:
-        """Sum the step's counts over the ranks (with the stop flag), time the step: (record, stop)."""
-        vec = torch.cat([torch.tensor([1.0 if stop else 0.0], dtype=torch.float64), local])
-        if distributed:
-            vec = vec.to(self.device)
-            dev.all_reduce_sum(vec)
-        vals = vec.cpu().tolist()
+    def end_step(self) -> float:
+        """Time a step on the host (no sync): seconds since the previous one ended."""
         now = time.perf_counter()
         dt, self.t_last = now - self.t_last, now
-        counts = dict(zip(COUNTS, vals[1:], strict=True))
-        for k, v in counts.items():
-            self.totals[k] += v
-            self.window[k] += v
         self.window["seconds"] += dt
         self.window["steps"] += 1
         self.recent.append(dt)
-        rec = {k: (int(v) if k != "flops" else v) for k, v in counts.items()}
-        return {**rec, "step_time_s": round(dt, 4), "mfu": self.mfu(counts["flops"], dt)}, vals[0] > 0
+        return dt
+
+    def add(self, counts: list[float], seconds: float) -> dict[str, Any]:
+        """A step's counts summed over the ranks (read back on a log step) into the totals: its record."""
+        named = dict(zip(COUNTS, counts, strict=True))
+        for k, v in named.items():
+            self.totals[k] += v
+            self.window[k] += v
+        rec = {k: (int(v) if k != "flops" else v) for k, v in named.items()}
+        return {**rec, "step_time_s": round(seconds, 4), "mfu": self.mfu(named["flops"], seconds)}
 
     def mfu(self, flops: float, seconds: float) -> float | None:
         if not self.peak or seconds <= 0:
@@ -132,8 +141,44 @@ class Meter:
         self.totals.update({k: float(v) for k, v in state.items() if k in self.totals})
 
 
+class PendingSteps:
+    """The steps since the last log line, as device tensors until `flush` reads them all at once."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, torch.Tensor, torch.Tensor, dict[str, Any]]] = []
+
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, acc: MetricsAccumulator,
+            counts: torch.Tensor, **host: Any) -> None:
+        """One step: its loss and grad norm, its accumulated metrics (for tau), this rank's counts (summed
+        over the ranks at the flush) and what the host already knows (lr, progress, step time ...)."""
+        vals = torch.stack([loss.detach().float().reshape(()), grad_norm.detach().float().reshape(()),
+                            acc.sums["tau_sum"].float(), acc.sums["blocks"].float()])
+        self.items.append((step, vals, counts, host))
+
+    def flush(self, meter: Meter, distributed: bool) -> list[tuple[int, dict[str, Any]]]:
+        """(step, metrics.jsonl record) of every pending step: one all-reduce of the counts when
+        distributed (a collective: every rank flushes on the same steps), one copy to the host."""
+        if not self.items:
+            return []
+        vals = torch.stack([v for _, v, _, _ in self.items])
+        counts = torch.stack([c for _, _, c, _ in self.items]).to(vals.device)
+        if distributed:
+            dev.all_reduce_sum(counts)
+        rows = torch.cat([vals.double(), counts], 1).cpu().tolist()
+        out = []
+        for (step, _, _, host), row in zip(self.items, rows, strict=True):
+            loss, gnorm, tau_sum, blocks = row[:4]
+            seconds, eta = host.pop("seconds"), host.pop("eta_s")
+            rec = {"loss": loss, "tau": tau_sum / max(1.0, blocks), "lr": host.pop("lr"), "grad_norm": gnorm,
+                   **host, **meter.add(row[4:], seconds), "eta_s": eta}
+            out.append((step, rec))
+        self.items = []
+        return out
+
+
 class MetricsLogger:
-    """Writes metrics.jsonl (every step), logs + W&B (every log step), drives the progress bar."""
+    """Writes metrics.jsonl (a line per step, written on log steps), logs + W&B (every log step), drives
+    the progress bar."""
 
     def __init__(self, path: Path, total_steps: int, start_step: int, *, enabled: bool, progress: bool,
                  wandb_cfg: Any = None, run_name: str = "", config: dict[str, Any] | None = None) -> None:
@@ -175,8 +220,12 @@ class MetricsLogger:
         with self.path.open("a") as fh:
             fh.write(json.dumps({"step": step, **record}) + "\n")
         if self.bar is not None:
-            self.bar.update(1)
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+
+    def tick(self) -> None:
+        """A step is done: the progress bar moves (its loss is shown when the step's line is written)."""
+        if self.bar is not None:
+            self.bar.update(1)
 
     def log(self, step: int, agg: dict[str, Any], lr: float) -> dict[str, Any]:
         """A log line (and W&B) with the window's loss, tau, throughput, MFU and ETA (from the Meter)."""

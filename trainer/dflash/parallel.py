@@ -77,11 +77,12 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     yield
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
-    """Clip the global gradient norm (across every shard); returns the norm before clipping."""
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm (across every shard); returns the norm before clipping, a scalar
+    tensor on the gradients' device (read it on a log step: reading it waits for the GPU)."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     full = getattr(norm, "full_tensor", None)  # FSDP2 returns a replicated DTensor
-    return float(full() if full is not None else norm)
+    return full() if full is not None else norm
 
 
 def _options(rt: dev.Runtime, *, broadcast: bool = False) -> Any:

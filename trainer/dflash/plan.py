@@ -136,7 +136,11 @@ class FlopCounter:
     attention in its full-attention layers). Drafter: forward + backward (3 x forward) over its query rows
     (kept blocks x block size), K/V and fc over the context. Heads: the drafter's lm_head forward and input
     gradient (4 x H x vocab per row; frozen, no weight gradient), and the verifier's lm_head forward on the
-    same rows when the loss reads the target's distribution.
+    same rows when the loss reads the target's distribution, on the B - 1 draft slots of each kept block
+    (the loss never reads slot 0, the anchor's own token).
+
+    Padding counts for nothing: a sample counts at its real length, and padding blocks (keep = False) and
+    padded positions add no FLOPs, so MFU is the work the run asked for, not what the padded shapes cost.
     """
 
     target_per_token: float
@@ -165,16 +169,18 @@ class FlopCounter:
             drafter_attn_per_row_ctx=3 * arch.num_layers * 4 * hq,
             head_per_row=head, block_size=arch.block_size)
 
+    def per_sample(self, s: Any, n: Any) -> Any:
+        """FLOPs of a sample of real length `s` with `n` kept blocks: numbers, or tensors elementwise (the
+        train loop counts on the device, without reading the lengths back to the host)."""
+        rows = n * self.block_size
+        return (self.target_per_token * s + self.target_attn_per_token_ctx * s * s / 2
+                + self.drafter_per_row * rows + self.drafter_per_ctx_token * s
+                + self.drafter_attn_per_row_ctx * rows * (s / 2 + self.block_size)
+                + self.head_per_row * n * (self.block_size - 1))
+
     def micro(self, lengths: list[int], blocks: list[int]) -> float:
         """FLOPs of a micro-batch: each sample's real length and its number of kept blocks."""
-        total = 0.0
-        for s, n in zip(lengths, blocks, strict=True):
-            rows = n * self.block_size
-            total += (self.target_per_token * s + self.target_attn_per_token_ctx * s * s / 2
-                      + self.drafter_per_row * rows + self.drafter_per_ctx_token * s
-                      + self.drafter_attn_per_row_ctx * rows * (s / 2 + self.block_size)
-                      + self.head_per_row * rows)
-        return total
+        return float(sum(self.per_sample(s, n) for s, n in zip(lengths, blocks, strict=True)))
 
 
 def drafter_state_bytes(dp: int, largest_unit: int, strategy: str, world: int, bf16: bool) -> float:

@@ -2,6 +2,10 @@
 
 Shared by the train loop, eval and the benchmarks. Acceptance length tau per block is 1 + the number of
 leading draft slots that match their label (cumprod of matches), never a product of per-slot accuracies.
+
+No step waits for the GPU: the anchors, the blocks and the rows the loss reads are worked out where the
+batch was collated (the host, in training: `collate` on the CPU), then copied over without a sync; the
+metrics stay device tensors (the train loop reads them on log steps only).
 """
 from __future__ import annotations
 
@@ -29,6 +33,11 @@ class Batch:
     def num_tokens(self) -> int:
         return int(self.lengths.sum())
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The batch on `device`, copied without waiting for the GPU (a copy from the host is queued)."""
+        return Batch(*(x.to(device, non_blocking=True)
+                       for x in (self.input_ids, self.loss_mask, self.lengths)))
+
 
 def collate(samples: list[dict[str, list[int]]], pad_id: int = 0, device: torch.device | str = "cpu",
             pad_to: int = 0, max_length: int = 0) -> Batch:
@@ -49,7 +58,7 @@ def collate(samples: list[dict[str, list[int]]], pad_id: int = 0, device: torch.
         ids[i, :n] = torch.tensor(x["input_ids"], dtype=torch.long)
         mask[i, :n] = torch.tensor(x["loss_mask"], dtype=torch.long)
     lengths = torch.tensor([len(x["input_ids"]) for x in samples], dtype=torch.long)
-    return Batch(ids.to(device), mask.to(device), lengths.to(device))
+    return Batch(ids, mask, lengths).to(device)
 
 
 @dataclasses.dataclass
@@ -82,6 +91,19 @@ def norm_on(norm: nn.Module, device: torch.device) -> nn.Module:
     return copies[device]
 
 
+def host_blocks(batch: Batch, block_size: int, mask_token_id: int, max_anchors: int,
+                generator: torch.Generator | None = None,
+                anchors: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[Blocks, torch.Tensor]:
+    """The batch's anchors and blocks, and the flat indices of the rows the loss reads, computed where the
+    batch lives: on the host for a batch collated on the CPU, so that sizing the rows (a `nonzero`) does
+    not wait for the GPU. `anchors` (anchors, keep) replaces the draw from `generator`."""
+    ids, lmask, lengths = batch.input_ids, batch.loss_mask, batch.lengths
+    a, keep = anchors if anchors is not None else sample_anchors(lmask, lengths, max_anchors, generator)
+    blocks = build_blocks(ids, lmask, lengths, a.to(ids.device), keep.to(ids.device), block_size,
+                          mask_token_id)
+    return blocks, blocks.valid.reshape(-1).nonzero().flatten()
+
+
 def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: DrafterConfig,
                    lcfg: LossConfig, *,
                    generator: torch.Generator | None = None, noise_seed: int | None = None,
@@ -99,19 +121,20 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
     dev = core.fc.weight.device
     b_size = arch.block_size
     need_last = lcfg.needs_target_logits
-    tout = target.features(batch.input_ids.to(target.embed_tokens.weight.device), need_last=need_last)
+    blocks, rows = host_blocks(batch, b_size, arch.mask_token_id, dcfg.max_anchors, generator, anchors)
+    blocks, rows = blocks.to(dev), rows.to(dev, non_blocking=True)
+    tout = target.features(batch.input_ids.to(target.embed_tokens.weight.device, non_blocking=True),
+                           need_last=need_last)
     feats = tout.features.to(dev)
-    ids, lmask, lengths = batch.input_ids.to(dev), batch.loss_mask.to(dev), batch.lengths.to(dev)
+    on_dev = batch.to(dev)
+    ids, lmask, lengths = on_dev.input_ids, on_dev.loss_mask, on_dev.lengths
     if train:
         feats = feature_noise(feats, lcfg, progress, seed=noise_seed, generator=generator)
-    a, keep = anchors if anchors is not None else sample_anchors(lmask, lengths, dcfg.max_anchors, generator)
-    blocks = build_blocks(ids, lmask, lengths, a.to(dev), keep.to(dev), b_size, arch.mask_token_id)
     masks = AttentionMasks(blocks.anchors, ids.shape[1], b_size, arch.sliding_window,
                            arch.sliding_block_causal, use_flex)
     hidden = drafter(blocks.block_ids, blocks.block_pos, feats, masks)  # [bs, N*B, H]
 
     bs, nb = blocks.valid.shape
-    rows = blocks.valid.reshape(-1).nonzero().flatten()  # only the rows the loss reads
     h_rows = hidden.reshape(bs * nb, -1)[rows]
     labels = blocks.labels.reshape(-1)[rows]
     t_rows, verifier = None, None
@@ -141,7 +164,10 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
     assert tl.mixed is not None  # asked for with `mix`
     loss, parts = combine(ce, kl, valid, lcfg, b_size, grid(tl.mixed))
     match = grid((tl.pred == tl.label), False)[..., 1:] & valid[..., 1:]
-    tau = acceptance(match, blocks.keep)
+    kept = blocks.keep.float()
+    # `acceptance` per block, summed over the kept ones by a product (indexing by `keep` would size its
+    # result on the host, waiting for the GPU)
+    tau = 1 + torch.cumprod(match.long(), dim=-1).sum(-1)  # [bs, N]
     v = valid[..., 1:].float()
     in_len = torch.arange(ids.shape[1], device=dev)[None] < lengths[:, None]
     metrics = {
@@ -149,10 +175,10 @@ def dflash_forward(batch: Batch, target: Any, drafter: torch.nn.Module, dcfg: Dr
         "loss": loss.detach(),
         "slot_correct": match.float().sum((0, 1)),  # [B-1]
         "slot_count": v.sum((0, 1)),
-        "tau_sum": tau.float().sum(),
-        "blocks": torch.tensor(float(tau.numel()), device=dev),
-        "tokens": torch.tensor(float(batch.num_tokens), device=dev),
-        "samples": torch.tensor(float(ids.shape[0]), device=dev),
+        "tau_sum": (tau.float() * kept).sum(),
+        "blocks": kept.sum(),
+        "tokens": lengths.sum().float(),
+        "samples": torch.full((), float(ids.shape[0]), device=dev),
         "supervised_tokens": (lmask.bool() & in_len).sum().float(),
     }
     return StepOutput(loss, metrics, match, blocks, grid(tl.label))

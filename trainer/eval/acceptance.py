@@ -98,11 +98,11 @@ def evaluate(cfg: RunConfig, checkpoint: str | Path | None = None) -> EvalResult
     taus, correct, count = [], torch.zeros(b - 1), torch.zeros(b - 1)
     from tqdm import tqdm
 
-    from trainer.data.sampler import default_boundaries
+    from trainer.dflash.buckets import bucket_bounds
 
     # each sample padded to its length bucket's bound (right padding changes no score): one compiled
     # flex kernel per bucket, as in training, instead of one per distinct length
-    bounds = default_boundaries(cfg.data.max_length)
+    bounds = bucket_bounds([cfg.data.max_length], cfg.data.max_length)
     dev.configure_compile(num_shapes=len(bounds))
     with torch.no_grad():
         for i in tqdm(eval_rows(len(ds), n, cfg.eval.seed), desc="eval", unit="sample", disable=n < 8):
