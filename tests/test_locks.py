@@ -1,4 +1,5 @@
-"""The hash locks the roles install (`uv pip install --require-hashes`) agree with their inputs.
+"""The hash locks the roles install (`uv pip install --require-hashes`) and the controller's venv is installed
+from (bin/bootstrap: `pip install --require-hashes`) agree with their inputs.
 
 bin/lock makes each lock with `uv pip compile --generate-hashes` from human-edited inputs. A lock that was
 not regenerated after an input changed would install other versions than the inputs say, or fail on the
@@ -23,6 +24,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_TXT = "requirements/torch.txt"
 CPU_TORCH_INPUT = ".cache/lock/torch-cpu.txt"  # what bin/lock names the CPU torch pin it writes
+DEV_CONSTRAINTS = "requirements/dev-constraints.txt"
+CONTROLLER_LOCK = "requirements/controller.lock.txt"  # bin/bootstrap: the dev extra, torch's CPU build
+CONTROLLER_CUDA_LOCK = "requirements/controller-cuda.lock.txt"  # bin/bootstrap where no CPU wheel is had
+PIP_TXT = "requirements/pip.txt"
 STANDINS = ROOT / "tests/doubles/standins/sglang_standin_wheels.py"
 
 
@@ -50,6 +55,14 @@ def _file_pins(rel: str) -> dict[str, str]:
 def _pyproject_pins() -> dict[str, str]:
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     return _pins(deps, "pyproject.toml [project] dependencies")
+
+
+def _pyproject_dev_pins() -> dict[str, str]:
+    """The pins of [project] dependencies and of the dev extra (its self-reference trainer[model] left out:
+    the model extra repeats a dependency)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    dev = [r for r in project["optional-dependencies"]["dev"] if not r.startswith(project["name"] + "[")]
+    return _pins(project["dependencies"] + dev, "pyproject.toml [project] dependencies and the dev extra")
 
 
 def _torch(local: str = "") -> dict[str, str]:
@@ -116,6 +129,20 @@ LOCKS = {
     "files/sglang/requirements.lock.txt": lambda: {
         "-r files/sglang/requirements.txt": _file_pins("files/sglang/requirements.txt"),
     },
+    # ==2.13.0 in pyproject is met by the CPU build 2.13.0+cpu, the version this lock holds (PEP 440)
+    CONTROLLER_LOCK: lambda: {
+        f"-r {CPU_TORCH_INPUT}": _torch("+cpu"),
+        f"-c {DEV_CONSTRAINTS}": _file_pins(DEV_CONSTRAINTS),
+        "trainer (pyproject.toml)": {**_pyproject_dev_pins(), **_torch("+cpu")},
+    },
+    CONTROLLER_CUDA_LOCK: lambda: {
+        f"-r {TORCH_TXT}": _torch(),
+        f"-c {DEV_CONSTRAINTS}": _file_pins(DEV_CONSTRAINTS),
+        "trainer (pyproject.toml)": _pyproject_dev_pins(),
+    },
+    "requirements/pip.lock.txt": lambda: {
+        f"-r {PIP_TXT}": _file_pins(PIP_TXT),
+    },
 }
 
 
@@ -142,7 +169,7 @@ def test_what_the_lock_took_from_an_input_is_still_pinned_there(lock: str) -> No
     inputs = LOCKS[lock]()
     for name, entry in _read_lock(lock).items():
         for via in entry.via:
-            if via.startswith("-r ") or via.endswith("(pyproject.toml)"):
+            if via.startswith(("-r ", "-c ")) or via.endswith("(pyproject.toml)"):
                 assert via in inputs, f"{lock}: {name} comes from {via}, which is not an input of this lock"
                 assert name in inputs[via], f"{lock}: {name} comes from {via}, which no longer pins it"
 
@@ -189,3 +216,40 @@ def test_the_standin_lock_holds_the_standin_wheels_hashes(tmp_path: Path) -> Non
     for dist, wheel in (("sglang", "sglang"), ("sglang-router", "sglang_router")):
         digest = hashlib.sha256((tmp_path / f"{wheel}-{v[dist]}-py3-none-any.whl").read_bytes()).hexdigest()
         assert f"{dist}=={v[dist]} \\\n    --hash=sha256:{digest}\n" in text, text
+
+
+def test_the_controller_lock_is_the_dev_constraints_and_torch_cpu() -> None:
+    """requirements/controller.lock.txt holds what requirements/dev-constraints.txt pins and torch's CPU
+    build, nothing else: a pin added, changed or dropped there without bin/lock fails here."""
+    entries = {name: entry.version for name, entry in _read_lock(CONTROLLER_LOCK).items()}
+    expected = {**_file_pins(DEV_CONSTRAINTS), **_torch("+cpu")}
+    assert entries == expected, (
+        f"{CONTROLLER_LOCK} differs from {DEV_CONSTRAINTS} + {TORCH_TXT} (+cpu): run bin/lock; "
+        f"only in the lock: {sorted(entries.items() - expected.items())}, "
+        f"only in the inputs: {sorted(expected.items() - entries.items())}")
+
+
+def test_the_cpu_controller_lock_has_no_cuda() -> None:
+    entries = _read_lock(CONTROLLER_LOCK)
+    assert entries["torch"].version.endswith("+cpu")
+    cuda = sorted(n for n in entries if n == "triton" or n.startswith(("nvidia-", "cuda-")))
+    assert not cuda, f"{CONTROLLER_LOCK}: {cuda} (the CPU build of torch needs none of them)"
+
+
+@pytest.mark.parametrize("lock", [CONTROLLER_LOCK, CONTROLLER_CUDA_LOCK])
+def test_the_controller_lock_holds_everything_pyproject_names(lock: str) -> None:
+    """bin/bootstrap installs the trainer with --no-deps after the lock: its dependencies and the dev
+    extra's must all be in the lock, with hashes."""
+    entries = _read_lock(lock)
+    for name, version in _pyproject_dev_pins().items():
+        assert name in entries, f"{lock}: {name} (pyproject.toml) is missing: run bin/lock"
+        assert entries[name].version.split("+")[0] == version, (
+            f"{lock}: {name}=={entries[name].version}, but pyproject.toml pins {version}: run bin/lock")
+        assert entries[name].hashes
+
+
+def test_bootstrap_installs_the_controller_locks_with_hashes() -> None:
+    text = (ROOT / "bin/bootstrap").read_text()
+    for lock in (CONTROLLER_LOCK, CONTROLLER_CUDA_LOCK, "requirements/pip.lock.txt"):
+        assert lock in text, f"bin/bootstrap does not install {lock}"
+    assert text.count("--require-hashes") >= 2, "bin/bootstrap installs pip and a lock with --require-hashes"
