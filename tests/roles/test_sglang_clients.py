@@ -119,7 +119,7 @@ def test_an_ipv6_bind_address_goes_in_brackets_in_every_url(tmp_path: Path) -> N
     assert hosts == dict.fromkeys(["probe", "router_probe", "advertise", "router_advertise"], "[fd00::5]")
     router = (tmp_path / "out" / "sglang-router.service").read_text()
     assert "--host fd00::5 " in router
-    assert "--worker-urls http://[fd00::5]:30000 http://[fd00::5]:30001" in router
+    assert "--worker-urls https://[fd00::5]:30000 https://[fd00::5]:30001" in router  # TLS on by default
     # IPv4 stays as it is
     r = _render(tmp_path, "-e", "sglang_host=10.0.0.9")
     assert r.returncode == 0, r.stdout[-3000:]

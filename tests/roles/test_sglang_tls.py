@@ -9,6 +9,7 @@ nvidia-smi) and its unit templates run on this machine against a throw-away CA m
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import json
@@ -19,6 +20,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -181,10 +183,10 @@ def pki(tmp_path: Path) -> dict[str, Any]:
     return {"ca": ca[0], "cert": cert, "key": key, "plain_key": plain_key, "ca_obj": ca}
 
 
-def test_off_by_default_plain_http_and_no_tls_directory(tmp_path: Path) -> None:
+def test_plain_http_only_when_asked_and_no_tls_directory_left(tmp_path: Path) -> None:
     (tmp_path / "etc" / "tls").mkdir(parents=True)  # left from an earlier TLS deploy: removed
     (tmp_path / "etc" / "tls" / "server.key").write_text("old key")
-    r = _run(tmp_path)
+    r = _run(tmp_path, "-e", "sglang_tls_generate=false")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     out = tmp_path / "out"
     for unit in ("sglang@.service", "sglang-router.service"):
@@ -194,6 +196,86 @@ def test_off_by_default_plain_http_and_no_tls_directory(tmp_path: Path) -> None:
     assert " --worker-urls http://127.0.0.1:30000 http://127.0.0.1:30001\n" in router
     assert json.loads((out / "endpoints.json").read_text()) == ["http://node:30000", "http://node:30001"]
     assert not (tmp_path / "etc" / "tls").exists()
+    assert not (tmp_path / "pki").exists(), "a CA was made for plain HTTP"
+
+
+def _handshake(cert: Path, key: Path, ca: Path, host: str) -> str:
+    """Serve one TLS connection with cert/key on 127.0.0.1 and connect to it as a client that trusts only
+    `ca` and expects `host` (Python's ssl module, as SGLang's probes and the generator verify); the
+    client's view of the server certificate's subject."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(str(cert), str(key))
+    client_ctx = ssl.create_default_context(cafile=str(ca))
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        client = socket.create_connection(listener.getsockname())
+        conn, _ = listener.accept()
+
+        def serve() -> None:
+            with contextlib.suppress(ssl.SSLError, OSError):  # a client that refuses the certificate
+                server_ctx.wrap_socket(conn, server_side=True).close()
+
+        t = threading.Thread(target=serve)
+        t.start()
+        try:
+            with client_ctx.wrap_socket(client, server_hostname=host) as tls:
+                return str(tls.getpeercert()["subject"])
+        finally:
+            t.join(10)
+
+
+def _cert(path: Path) -> Any:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def test_on_by_default_with_a_ca_the_role_makes_and_keeps(tmp_path: Path) -> None:
+    """No certificate given: the role makes a private CA on the controller (next to the inventory) and a
+    certificate for the node that real TLS clients accept for every address they use; a second run and check
+    mode change nothing; a certificate near its end, or one whose addresses changed, is made again under the
+    same CA."""
+    r = _run(tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    pki, etc, out = tmp_path / "pki", tmp_path / "etc" / "tls", tmp_path / "out"
+    assert pki.stat().st_mode & 0o777 == 0o700
+    for private in ("ca.key", "node.key"):
+        assert (pki / private).stat().st_mode & 0o777 == 0o600, private
+    assert (pki / "ca.crt").read_bytes() == (etc / "ca.crt").read_bytes()
+    assert (pki / "node.crt").read_bytes() == (etc / "server.crt").read_bytes()
+    assert not (etc / "ca.key").exists(), "the CA's key left the controller"
+    assert (etc / "server.key").stat().st_mode & 0o777 == 0o640
+    assert json.loads((out / "endpoints.json").read_text()) == ["https://node:30000", "https://node:30001"]
+    router = _exec(out / "sglang-router.service", "ExecStart")
+    assert " --worker-urls https://127.0.0.1:30000 https://127.0.0.1:30001 " in router
+    # what the clients check: the node's name and 127.0.0.1, signed by the CA; the CA signs leaves only
+    for host in ("node", "127.0.0.1"):
+        assert "node" in _handshake(etc / "server.crt", etc / "server.key", etc / "ca.crt", host)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(etc / "server.crt", etc / "server.key", etc / "ca.crt", "10.9.9.9")
+    ca, leaf = _cert(pki / "ca.crt"), _cert(pki / "node.crt")
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    assert not leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert "CERTIFICATE" not in r.stdout + r.stderr and "PRIVATE KEY" not in r.stdout + r.stderr
+
+    again = _run(tmp_path)
+    changed = [t.split("]", 1)[0] for t in again.stdout.split("TASK [")[1:] if "\nchanged: " in t]
+    assert again.returncode == 0 and re.search(r"changed=0 ", again.stdout), (changed, again.stdout[-2000:])
+    check = _run(tmp_path, check_mode=True)
+    assert check.returncode == 0 and re.search(r"changed=0 ", check.stdout), check.stdout[-2000:]
+    assert (pki / "node.crt").read_bytes() == (etc / "server.crt").read_bytes() == leaf.public_bytes(
+        serialization.Encoding.PEM)
+
+    # fewer days left than sglang_tls_renew_days (here: more than its whole life): made again, same CA and key
+    renewed = _run(tmp_path, "-e", "sglang_tls_renew_days=400")
+    assert renewed.returncode == 0, renewed.stdout[-3000:]
+    new = _cert(etc / "server.crt")
+    assert new.serial_number != leaf.serial_number and new.public_key() == leaf.public_key()
+    assert _cert(etc / "ca.crt") == ca
+    # the addresses changed (the router bound to 10.9.9.9): a certificate that names it
+    moved = _run(tmp_path, "-e", "sglang_router_host=10.9.9.9")
+    assert moved.returncode == 0, moved.stdout[-3000:]
+    assert "node" in _handshake(etc / "server.crt", etc / "server.key", etc / "ca.crt", "10.9.9.9")
+    assert _cert(etc / "ca.crt") == ca
 
 
 def test_tls_units_flags_https_urls_and_the_key_only_as_a_path(tmp_path: Path, pki: dict[str, Any]) -> None:

@@ -64,6 +64,26 @@ def test_endpoints_come_from_the_sglang_nodes_fact(flt: ModuleType) -> None:
     ]
 
 
+def test_the_ca_the_https_nodes_publish_is_the_one_the_run_trusts(flt: ModuleType) -> None:
+    """Role sglang publishes the CA of its HTTPS endpoints with them (made by the role or given); the run gets
+    each distinct CA once, and none for nodes that serve plain HTTP."""
+    ca1 = "-----BEGIN CERTIFICATE-----\nA\n-----END CERTIFICATE-----"
+    ca2 = "-----BEGIN CERTIFICATE-----\nB\n-----END CERTIFICATE-----"
+
+    def node(scheme: str, ca: str) -> dict:
+        fact = _fact([f"{scheme}://10.0.1.20:30000"], f"{scheme}://10.0.1.20:8000")
+        fact["ansible_local"]["sglang"]["ca_pem"] = ca + "\n"
+        return fact
+
+    hostvars = {"b1": node("https", ca1), "b2": node("https", ca1), "b3": node("https", ca2),
+                "plain": node("http", ca2), "nofact": {}}
+    assert flt.sglang_ca_pem(hostvars, ["b1", "b2", "b3"]) == ca1 + "\n" + ca2 + "\n"
+    assert flt.sglang_ca_pem(hostvars, ["b1", "plain", "nofact"]) == ca1 + "\n"
+    assert flt.sglang_ca_pem(hostvars, ["plain"]) == ""
+    old = _fact(["https://10.0.1.20:30000"])  # a fact written before the role published its CA
+    assert flt.sglang_ca_pem({"n": old}, ["n"]) == ""
+
+
 def test_endpoints_refuse_a_node_without_the_fact_and_loopback(flt: ModuleType) -> None:
     with pytest.raises(
         flt.EndpointError, match=r"SGLang host n1 publishes no endpoints .*playbooks/sglang.yml"

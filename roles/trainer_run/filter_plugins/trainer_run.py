@@ -4,7 +4,9 @@
 published on every host of the group as its local fact (/etc/ansible/facts.d/sglang.fact, read back as
 `ansible_local.sglang`; role trainer_run gathers it from those hosts first). One source: nothing here
 recomputes ports, counts or addresses from inventory defaults. `via_router=True` returns each host's
-router instead of its instances. A host without the fact, or an endpoint on a loopback address (which no
+router instead of its instances; `hostvars | trainer_run_sglang_ca_pem(groups['sglang_nodes'])` the CA
+certificates those hosts publish for their HTTPS endpoints, which the run then trusts alone. A host without
+the fact, or an endpoint on a loopback address (which no
 other host can reach), is refused with a message that says what to do.
 
 The endpoints reach the trainer in the run's overrides file (YAML, the trainer's strict loader), never on the
@@ -90,6 +92,22 @@ def unit_path(path: str) -> str:
     return str(path).replace("%", "%%")
 
 
+def sglang_ca_pem(hostvars: Mapping[str, Mapping[str, Any]], hosts: Sequence[str]) -> str:
+    """The CA certificates (PEM) that the SGLang hosts serving HTTPS publish with their endpoints
+    (`ansible_local.sglang.ca_pem`, written by role sglang: the CA it made or was given), each once, in host
+    order: what the generator must trust for those endpoints. "" when no host serves HTTPS."""
+    pems: list[str] = []
+    for name in hosts:
+        fact = (hostvars.get(name, {}).get("ansible_local") or {}).get("sglang")
+        if not isinstance(fact, Mapping):
+            continue
+        urls = [str(u) for u in fact.get("endpoints") or []] + [str(fact.get("router") or "")]
+        pem = str(fact.get("ca_pem") or "").strip()
+        if pem and any(u.startswith("https://") for u in urls) and pem not in pems:
+            pems.append(pem)
+    return "".join(p + "\n" for p in pems)
+
+
 class PlacementError(_Base):  # type: ignore[misc,valid-type]
     """Hosts that cannot form one training run."""
 
@@ -173,6 +191,7 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "trainer_run_sglang_endpoints": sglang_endpoints,
+            "trainer_run_sglang_ca_pem": sglang_ca_pem,
             "trainer_run_unit_path": unit_path,
             "trainer_run_placement": placement,
             "trainer_run_nccl_env": nccl_env,
