@@ -938,6 +938,7 @@ def make_handler(api: Api, log_path: Path | None) -> type[BaseHTTPRequestHandler
                     entry["params"] = {k: ("***" if k == "password" else x) for k, x in params.items()}
                 else:
                     user = api.authenticate(self.headers, method)
+                    entry["user"] = user
                     name, pvars = route(method, rel)
                     merged = check_params(method, rel, name, pvars, params)
                     api.check_endpoint(user, name, {k: str(x) for k, x in merged.items()})

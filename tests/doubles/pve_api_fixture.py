@@ -1,11 +1,14 @@
 """Start the Proxmox API double (pve_api.py) for tests: a test-only CA and server certificate made with
 openssl, the double as a subprocess on a free loopback port, and helpers to read its state and request log.
+Starting it also points the `pct` stand-in (standins/pct) at it, through $PCT_STANDIN_CONFIG, so that a role
+run on this machine as its "Proxmox host" sets the root-only keys with `pct set` as on a real host.
 
 A real Proxmox VE cannot run here; this double serves the same HTTP API shapes (see pve_api.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+PCT = HERE / "standins" / "pct"
 TOKEN_USER = "root@pam"
 TOKEN_ID = "ansible"
 TOKEN_SECRET = "0b6a1f4e-2c1d-4d8e-9a57-5f3c8e2d7b10"
@@ -152,6 +156,19 @@ class PveDouble:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
+        self.pct_config = self.dir / "pct-standin.json"
+        self.pct_config.write_text(
+            json.dumps(
+                {
+                    "url": f"https://127.0.0.1:{self.port}/api2/json",
+                    "ca": str(self.ca),
+                    "node": "pve1",
+                    "password": self.root_password,
+                }
+            )
+        )
+        self.pct_config.chmod(0o600)
+        os.environ["PCT_STANDIN_CONFIG"] = str(self.pct_config)  # the double this process's pct reaches
         ctx = ssl.create_default_context(cafile=str(self.ca))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -194,11 +211,10 @@ class PveDouble:
     def clear_log(self) -> None:
         self.log_path.write_text("")
 
-    def role_vars(self, root: bool = True) -> dict[str, Any]:
-        """The pve_ct variables that point the role at this double: the shipped auth design (token + a
-        root@pam ticket for the root-only keys), or the token alone with `root=False`."""
+    def role_vars(self) -> dict[str, Any]:
+        """The pve_ct variables that point the role at this double (its API token; the root-only keys go
+        through the `pct` stand-in, which run_role puts on PATH)."""
         return {
-            "pve_ct_api_root_password": self.root_password if root else "",
             "pve_ct_api_host": "127.0.0.1",
             "pve_ct_api_port": self.port,
             "pve_ct_api_user": TOKEN_USER,

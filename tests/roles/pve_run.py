@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "doubles"))
 
 from pve_api import default_state  # noqa: E402
-from pve_api_fixture import PveDouble  # noqa: E402
+from pve_api_fixture import PCT, PveDouble  # noqa: E402
 
 __all__ = ["REPO", "PlayResult", "PveDouble", "default_state", "fake_gpu_dev", "run_role"]
 
@@ -105,6 +105,12 @@ def run_role(
     else:
         body = f"  roles:\n    - role: {role}\n"
     play.write_text(head + body)
+    # This machine is the role's "Proxmox host": its `pct` is the stand-in (tests/doubles/standins/pct),
+    # which sets the root-only keys through the double that PveDouble.start pointed it at.
+    bindir = workdir / "bin"
+    bindir.mkdir(exist_ok=True)
+    if not (bindir / "pct").exists():
+        (bindir / "pct").symlink_to(PCT)
     varfile = workdir / "vars.json"
     varfile.write_text(json.dumps({"ansible_python_interpreter": sys.executable, **role_vars}))
     env = dict(
@@ -113,7 +119,7 @@ def run_role(
         ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
         ANSIBLE_LOCALHOST_WARNING="false",
         ANSIBLE_NOCOLOR="1",
-        PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        PATH=f"{bindir}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     )
     cmd = [
         str(Path(sys.executable).with_name("ansible-playbook")),

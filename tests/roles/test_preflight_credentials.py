@@ -24,7 +24,6 @@ from pve_run import REPO, PveDouble, run_role
 
 ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 WRONG_TOKEN = "7d1e5a2c-0f4b-4c3e-8a69-3b2d1f0e9c84"
-WRONG_PASSWORD = "not-the-root-password-51c2"
 
 
 def _filter() -> Any:
@@ -45,7 +44,6 @@ def api_vars(pve: PveDouble, **extra: Any) -> dict[str, Any]:
         "preflight_pve_api_user": "root@pam",
         "preflight_pve_api_token_id": "ansible",
         "preflight_pve_api_token_secret": pve.token.rpartition("=")[2],
-        "preflight_pve_api_root_password": pve.root_password,
         "preflight_pve_api_ca_path": str(pve.ca),
         **extra,
     }
@@ -57,7 +55,7 @@ def check(
     """Run entry point pve_api once; no secret (those given, the right ones) may be in its output."""
     pve.clear_log()
     res = run_role(workdir, api_vars(pve, **extra), role="preflight", tasks_from="pve_api", check=check_mode)
-    for secret in [*secrets, pve.token.rpartition("=")[2], pve.root_password]:
+    for secret in [*secrets, pve.token.rpartition("=")[2]]:
         assert secret not in res.output, f"a secret is in the output: {secret!r}"
     return res
 
@@ -67,13 +65,12 @@ def calls(pve: PveDouble) -> list[tuple[str, str, int]]:
 
 
 @pytest.mark.parametrize("check_mode", [False, True], ids=["run", "check-mode"])
-def test_the_right_token_and_password_pass(pve: PveDouble, tmp_path: Path, check_mode: bool) -> None:
+def test_the_right_token_passes_and_no_password_is_tried(
+    pve: PveDouble, tmp_path: Path, check_mode: bool
+) -> None:
     res = check(pve, tmp_path, [], check_mode=check_mode)
     assert res.rc == 0, res.failures
-    assert calls(pve) == [
-        ("GET", "/api2/json/version", 200),
-        ("POST", "/api2/json/access/ticket", 200),
-    ]
+    assert calls(pve) == [("GET", "/api2/json/version", 200)]
     assert res.changed == 0, res.changed_tasks
 
 
@@ -87,31 +84,13 @@ def test_a_wrong_token_is_refused_naming_the_token_variables(pve: PveDouble, tmp
     assert calls(pve) == [("GET", "/api2/json/version", 401)]  # stopped there: no password was tried
 
 
-def test_a_wrong_root_password_is_refused_naming_the_password_variable(
-    pve: PveDouble, tmp_path: Path
-) -> None:
-    res = check(pve, tmp_path, [WRONG_PASSWORD], preflight_pve_api_root_password=WRONG_PASSWORD)
-    assert res.rc != 0
-    fail = " ".join(res.failures)
-    assert "refused root@pam's login (HTTP 401 authentication failure)" in fail, res.failures
-    assert "pve_api_root_password" in fail and "vault_pve_root_password" in fail
-    assert calls(pve) == [("GET", "/api2/json/version", 200), ("POST", "/api2/json/access/ticket", 401)]
-
-
-def test_without_a_root_password_only_the_token_is_tried(pve: PveDouble, tmp_path: Path) -> None:
-    res = check(pve, tmp_path, [], preflight_pve_api_root_password="")
-    assert res.rc == 0, res.failures
-    assert calls(pve) == [("GET", "/api2/json/version", 200)]
-
-
 @pytest.mark.parametrize(
     ("var", "value", "named"),
     [
         ("preflight_pve_api_token_secret", ZERO_UUID, "pve_api_token_secret"),
         ("preflight_pve_api_token_secret", "...", "pve_api_token_secret"),
         ("preflight_pve_api_token_secret", "", "pve_api_token_secret"),
-        ("preflight_pve_api_root_password", "...", "pve_api_root_password"),
-        ("preflight_pve_api_root_password", "REPLACE-with-root-password", "pve_api_root_password"),
+        ("preflight_pve_api_token_id", "REPLACE-with-token-id", "pve_api_token_id"),
     ],
 )
 def test_a_placeholder_is_refused_before_any_request(
@@ -213,7 +192,6 @@ def _inventory(tmp_path: Path, pve: PveDouble, **host_vars: Any) -> Path:
                             "pve_api_host": "127.0.0.1",
                             "pve_api_ca_path": str(pve.ca),
                             "pve_api_token_secret": pve.token.rpartition("=")[2],
-                            "pve_api_root_password": pve.root_password,
                             **host_vars,
                         }
                     }
@@ -249,7 +227,7 @@ def test_the_preflight_play_checks_the_api_on_a_proxmox_host(pve: PveDouble, tmp
     assert bad.returncode != 0
     assert "rejected API token 'root@pam!ansible' (HTTP 401)" in out, out[-3000:]
     assert "pve_api_token_secret" in out
-    assert WRONG_TOKEN not in out and pve.root_password not in out
+    assert WRONG_TOKEN not in out
     assert calls(pve) == [("GET", "/api2/json/version", 401)]
     assert not (tmp_path / "bad" / "facts.d").exists()  # stopped before the role wrote anything
     pve.clear_log()
@@ -257,8 +235,8 @@ def test_the_preflight_play_checks_the_api_on_a_proxmox_host(pve: PveDouble, tmp
     out = good.stdout + good.stderr
     assert good.returncode == 0, out[-3000:]
     assert "Check the Proxmox API credentials that role pve_ct will use" in out, out[-3000:]
-    assert calls(pve) == [("GET", "/api2/json/version", 200), ("POST", "/api2/json/access/ticket", 200)]
-    assert pve.token.rpartition("=")[2] not in out and pve.root_password not in out
+    assert calls(pve) == [("GET", "/api2/json/version", 200)]
+    assert pve.token.rpartition("=")[2] not in out
 
 
 def test_the_example_with_the_vault_example_stops_in_the_first_play(tmp_path: Path) -> None:
@@ -280,5 +258,5 @@ def test_the_example_with_the_vault_example_stops_in_the_first_play(tmp_path: Pa
     assert res.returncode != 0
     for name in yaml.safe_load((REPO / "inventory/example/vault.example.yml").read_text()):
         assert f"{name}: (a placeholder" in out, (name, out[-3000:])
-    assert "pve_api_token_secret: (a placeholder" in out and "pve_api_root_password: (a placeholder" in out
+    assert "pve_api_token_secret: (a placeholder" in out and "pve_api_root_password" not in out
     assert "UNREACHABLE" not in out

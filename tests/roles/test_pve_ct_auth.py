@@ -1,7 +1,8 @@
 """Role pve_ct against the Proxmox API double with real PVE's permission rules (pve-container
 src/PVE/LXC.pm check_ct_modify_config_perm): only the literal root@pam may set bind mounts, devN and the
 features of a privileged container; an API token (root@pam!NAME) is refused them with HTTP 403 and
-pve-container's message. The shipped design (token + a root@pam ticket for those keys) gets through."""
+pve-container's message. The shipped design (the token for the rest, `pct set` on the host as root for those
+keys, here the pct stand-in that reaches the double as root@pam) gets through."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ def pve(tmp_path: Path) -> Iterator[PveDouble]:
         double.stop()
 
 
-def role_vars(pve: PveDouble, dev: Path, root: bool, **extra: Any) -> dict[str, Any]:
+def role_vars(pve: PveDouble, dev: Path, **extra: Any) -> dict[str, Any]:
     return {
-        **pve.role_vars(root=root),
+        **pve.role_vars(),
         "pve_ct_host_dev_dir": str(dev),
         "pve_ct_rootfs_storage": "scratch",
         "pve_ct_verify_gpus": False,
@@ -49,30 +50,45 @@ def token_api(pve: PveDouble) -> ProxmoxAPI:
     )
 
 
-def test_token_only_bind_mount_is_refused_with_pve_message(pve: PveDouble, tmp_path: Path) -> None:
-    dev = fake_gpu_dev(tmp_path / "dev")
-    res = run_role(
-        tmp_path / "run",
-        role_vars(
-            pve, dev, root=False, pve_ct_features=[], pve_ct_unprivileged=True, pve_ct_passthrough_mode="raw"
-        ),
-    )
-    assert res.rc != 0
-    msg = "Permission check failed (mount point type bind is only allowed for root@pam)"
-    assert any(msg in f and "403" in f and "pve_ct_api_root_password" in f for f in res.failures), (
-        res.failures
-    )
-    assert "200" not in pve.state()["cts"]  # refused before anything was created
+ROOT_ONLY = re.compile(r"^(mp\d+|dev\d+)$")
 
 
-def test_token_only_devn_is_refused_with_pve_message(pve: PveDouble, tmp_path: Path) -> None:
+def test_a_pct_that_fails_stops_the_role_naming_it_and_the_ct_is_not_started(
+    pve: PveDouble, tmp_path: Path
+) -> None:
+    """pct fails as a real one does on an API error (its message on stderr, exit 255; here the double's
+    root login is refused): the role stops at the pct task with that message, CT 200 exists with what the
+    token set and is not started; the next run, with pct working, sets the keys and starts it."""
     dev = fake_gpu_dev(tmp_path / "dev")
-    res = run_role(
-        tmp_path / "run", role_vars(pve, dev, root=False, pve_ct_bind_mounts=[], pve_ct_features=[])
-    )
+    good = json.loads(pve.pct_config.read_text())
+    pve.pct_config.write_text(json.dumps({**good, "password": "not-root-s-password"}))
+    res = run_role(tmp_path / "run", role_vars(pve, dev))
     assert res.rc != 0
-    msg = "Permission check failed (configuring device passthrough is only allowed for root@pam)"
-    assert any(msg in f for f in res.failures), res.failures
+    assert any(
+        "Refuse a pct set that failed" in f and "401 authentication failure" in f for f in res.failures
+    ), res.failures
+    ct = pve.state()["cts"]["200"]
+    assert ct["status"] == "stopped" and not [k for k in ct["config"] if ROOT_ONLY.match(k)]
+    pve.pct_config.write_text(json.dumps(good))
+    again = run_role(tmp_path / "run", role_vars(pve, dev))
+    assert again.rc == 0, again.failures
+    ct = pve.state()["cts"]["200"]
+    assert ct["status"] == "running" and "mp0" in ct["config"] and "dev0" in ct["config"]
+
+
+def test_check_mode_reports_the_root_only_keys_and_changes_nothing(pve: PveDouble, tmp_path: Path) -> None:
+    dev = fake_gpu_dev(tmp_path / "dev")
+    first = run_role(tmp_path / "run", role_vars(pve, dev))
+    assert first.rc == 0, first.failures
+    pve.clear_log()
+    more = fake_gpu_dev(tmp_path / "dev", gpus=9)  # a ninth GPU appears: one devN more to set
+    res = run_role(tmp_path / "check", role_vars(pve, more), check=True)
+    assert res.rc == 0, res.failures
+    assert "Create or converge the container (what the API token may set) and bring it to its run state" in (
+        res.changed_tasks
+    )
+    assert [r for r in pve.requests() if r["method"] != "GET" and "ticket" not in r["path"]] == []
+    assert "/dev/nvidia8" not in json.dumps(pve.state()["cts"]["200"]["config"])
 
 
 def test_double_enforces_pve_rules_by_user_and_key(pve: PveDouble) -> None:
@@ -120,9 +136,9 @@ def test_double_enforces_pve_rules_by_user_and_key(pve: PveDouble) -> None:
 
 @pytest.mark.parametrize("pve_version", ["8.4.1", "9.0.10"])
 def test_shipped_design_creates_ct200_then_changes_nothing(tmp_path: Path, pve_version: str) -> None:
-    """Token + root@pam ticket, on Proxmox VE 8 and 9: CT 200, unprivileged, 8 GPUs as devN (group video,
-    0660), /workspace bind-mounted, nesting on; the token did the create (nesting included: a token may set it
-    on an unprivileged CT) and the ticket set only the root-only keys; a second run changes nothing."""
+    """Token + `pct set`, on Proxmox VE 8 and 9: CT 200, unprivileged, 8 GPUs as devN (group video, 0660),
+    /workspace bind-mounted, nesting on; the token did the create (nesting included: a token may set it on
+    an unprivileged CT) and pct set only the root-only keys; a second run changes nothing."""
     state = default_state("pve1")
     state["version"] = {"version": pve_version, "release": pve_version.rsplit(".", 1)[0], "repoid": "0"}
     pve = PveDouble(tmp_path / "pve")
@@ -137,7 +153,7 @@ def test_shipped_design_creates_ct200_then_changes_nothing(tmp_path: Path, pve_v
 
 def _shipped_design(pve: PveDouble, tmp_path: Path) -> None:
     dev = fake_gpu_dev(tmp_path / "dev")
-    first = run_role(tmp_path / "one", role_vars(pve, dev, root=True))
+    first = run_role(tmp_path / "one", role_vars(pve, dev))
     assert first.rc == 0, first.failures
     cfg = pve.state()["cts"]["200"]["config"]
     assert cfg["mp0"] == f"{bind_source(dev.parent)},mp=/workspace" and cfg["features"] == "nesting=1"
@@ -149,11 +165,14 @@ def _shipped_design(pve: PveDouble, tmp_path: Path) -> None:
     create = next(r for r in log if r["method"] == "POST" and r["path"] == "/api2/json/nodes/pve1/lxc")
     assert not any(k.startswith(("dev", "mp")) for k in create["params"]), create["params"]
     assert create["params"]["features"] == "nesting=1" and create["params"]["unprivileged"] in ("1", 1)
-    root_put = [r for r in log if r["method"] == "PUT" and r["path"].endswith("/lxc/200/config")]
-    assert len(root_put) == 1 and {"mp0", "dev0"} <= set(root_put[0]["params"])
-    assert "features" not in root_put[0]["params"]
+    # the token never sent a root-only key; pct (root@pam) sent them, and nothing else
+    token_sent = [k for r in log if r.get("user") != "root@pam" for k in r["params"] if ROOT_ONLY.match(k)]
+    assert token_sent == []
+    root_put = [r for r in log if r.get("user") == "root@pam" and r["method"] != "GET"]
+    assert len(root_put) == 1 and root_put[0]["path"].endswith("/lxc/200/config"), root_put
+    assert {"mp0", "dev0"} <= set(root_put[0]["params"]) and "features" not in root_put[0]["params"]
     assert all(r["status"] == 200 for r in log), [r for r in log if r["status"] != 200]
-    second = run_role(tmp_path / "two", role_vars(pve, dev, root=True))
+    second = run_role(tmp_path / "two", role_vars(pve, dev))
     assert second.rc == 0 and second.changed == 0, second.changed_tasks
 
 
@@ -182,7 +201,7 @@ def test_privsep_token_without_acls_is_refused_before_any_change(tmp_path: Path)
     pve = PveDouble(tmp_path / "pve", token_privsep=True)
     pve.start()
     try:
-        res = run_role(tmp_path / "run", role_vars(pve, fake_gpu_dev(tmp_path / "dev"), root=True))
+        res = run_role(tmp_path / "run", role_vars(pve, fake_gpu_dev(tmp_path / "dev")))
         assert res.rc != 0
         fail = " ".join(res.failures)
         assert "lacks Proxmox privileges" in fail and "/vms/200: VM.Allocate" in fail, res.failures
@@ -230,16 +249,16 @@ def test_privsep_token_with_the_privileges_it_needs_creates_ct200(tmp_path: Path
     pve.start()
     try:
         dev = fake_gpu_dev(tmp_path / "dev")
-        first = run_role(tmp_path / "run", role_vars(pve, dev, root=True))
+        first = run_role(tmp_path / "run", role_vars(pve, dev))
         assert first.rc == 0, first.failures
         assert pve.state()["cts"]["200"]["status"] == "running"
-        second = run_role(tmp_path / "run", role_vars(pve, dev, root=True))
+        second = run_role(tmp_path / "run", role_vars(pve, dev))
         assert second.rc == 0 and second.changed == 0, second.changed_tasks
         # one privilege fewer, and the preflight names exactly it
         pve.stop()
         pve.token_acl = {**NEEDED, "/vms/200": [p for p in NEEDED["/vms/200"] if p != "VM.PowerMgmt"]}
         pve.start()
-        third = run_role(tmp_path / "run", role_vars(pve, dev, root=True))
+        third = run_role(tmp_path / "run", role_vars(pve, dev))
         assert third.rc != 0
         assert any("/vms/200: VM.PowerMgmt." in f for f in third.failures), third.failures
     finally:

@@ -22,7 +22,6 @@ options:
   api_token_secret: {description: API token secret., type: str, required: true}
   validate_certs: {description: Verify TLS., type: bool, default: true}
   ca_path: {description: CA bundle that signed the API certificate., type: path}
-  root_password: {description: root@pam password; when set, a ticket is requested early., type: str}
   node: {description: Proxmox node name., type: str, required: true}
   template_storage: {description: Storage whose templates are listed., type: str, required: true}
   privileges:
@@ -33,12 +32,11 @@ options:
 
 RETURN = r"""
 version: {description: PVE version (C(8.4.1))., type: str, returned: always}
-root_ticket: {description: Whether a root@pam ticket was obtained (root_password accepted)., type: bool}
 templates: {description: Volume ids of the templates on template_storage., type: list, returned: always}
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 - Ansible modules document first
-from ansible.module_utils.pve_ct_api import API_ARGS, call, connect, connect_root  # noqa: E402
+from ansible.module_utils.pve_ct_api import API_ARGS, call, connect  # noqa: E402
 
 
 def check_privileges(module, api, wanted):
@@ -52,15 +50,17 @@ def check_privileges(module, api, wanted):
             missing[path] = lacks
     if missing:
         listing = "; ".join("{}: {}".format(k, ", ".join(v)) for k, v in missing.items())
+        everything = sorted({x for privs in wanted.values() for x in privs})
+        grants = "; ".join(
+            f"pveum acl modify {path} --tokens '{token}' --roles PveCtToken" for path in sorted(missing)
+        )
         module.fail_json(
             msg=(
                 f"API token '{token}' lacks Proxmox privileges the role needs: {listing}. A token made with "
-                "privilege separation (the default of `pveum user token add` and of the GUI) has only what "
-                f"ACLs grant the token itself. Either recreate it without: `pveum user token remove "
-                f"{module.params['api_user']} {module.params['api_token_id']}; pveum user token add "
-                f"{module.params['api_user']} {module.params['api_token_id']} --privsep 0` (it then has its "
-                f"user's privileges), or grant them: `pveum acl modify / --tokens '{token}' --roles "
-                "Administrator` (or a role holding the privileges listed)"
+                "privilege separation (the default of `pveum user token add` and of the GUI, and the one to "
+                "use) has only what ACLs grant the token itself. Grant exactly these: `pveum role add "
+                f"PveCtToken --privs '{','.join(everything)}'` (once), then `{grants}`. (`--privsep 0` "
+                "would give the token all of its user's privileges instead.)"
             ),
             missing=missing,
         )
@@ -76,7 +76,6 @@ def main():
     module = AnsibleModule(argument_spec=args, supports_check_mode=True)
     p = module.params
     api, version = connect(module)
-    root_ticket = connect_root(module) is not None
     nodes = [n["node"] for n in call(module, "list nodes", api.nodes.get)]
     if p["node"] not in nodes:
         module.fail_json(
@@ -98,7 +97,6 @@ def main():
         changed=False,
         version=str(version.get("version")),
         templates=sorted(c["volid"] for c in content),
-        root_ticket=root_ticket,
     )
 
 

@@ -16,10 +16,12 @@ description:
   - Create-only settings (C(unprivileged), C(ssh-public-keys), the rootfs storage) are applied at creation;
     a different C(unprivileged) on an existing container is an error (it needs a re-create).
   - Auth follows pve-container's permission rules (src/PVE/LXC.pm check_ct_modify_config_perm). The API
-    token creates the container and sets what a token may set; bind mounts (C(mpN) with a host path),
-    C(devN), the features of a privileged container and features other than nesting are sent in a second
-    request with a C(root@pam) ticket (O(root_password)). Without O(root_password) they go with the token,
-    and Proxmox refuses them with HTTP 403.
+    token creates the container and sets what a token may set. Bind mounts (C(mpN) with a host path),
+    C(devN), the features of a privileged container and features other than nesting are for the literal
+    C(root@pam) alone: they never go through the API. The module returns them as RV(pct_args), the
+    arguments of C(pct set VMID) that the role runs on the Proxmox host as root (pct acts as root@pam,
+    pve-container src/PVE/CLI/pct.pm), and leaves the run state alone (RV(deferred)) until a second call
+    with O(config_changed) brings the container to it.
 options:
   api_host: {description: Proxmox API host., type: str, required: true}
   api_port: {description: Proxmox API port., type: int, default: 8006}
@@ -28,7 +30,6 @@ options:
   api_token_secret: {description: API token secret., type: str, required: true}
   validate_certs: {description: Verify TLS., type: bool, default: true}
   ca_path: {description: CA bundle that signed the API certificate; the system store when unset., type: path}
-  root_password: {description: root@pam password for the root-only keys (ticket)., type: str}
   node: {description: Proxmox node name., type: str, required: true}
   vmid: {description: Container id., type: int, required: true}
   state:
@@ -69,6 +70,11 @@ options:
     type: str
     default: ""
   restart_on_change: {description: Restart a running CT whose config changed., type: bool, default: true}
+  config_changed:
+    description: The config was changed since the call that returned RV(deferred) (by C(pct set)); a running
+      CT is restarted as O(restart_on_change) says.
+    type: bool
+    default: false
   timeout: {description: Seconds to wait for each Proxmox task., type: int, default: 300}
 """
 
@@ -77,6 +83,20 @@ created: {description: Whether the container was created., type: bool, returned:
 updated: {description: Config keys that were set or removed., type: list, returned: always}
 config: {description: The container config after the run (as planned in check mode)., type: dict}
 status: {description: Run state after the run., type: str, returned: always}
+pct_args:
+  description: The root-only keys still to set, as arguments of C(pct set VMID) (C(--dev0 PATH,...),
+    C(--delete dev8)); empty when nothing is left.
+  type: list
+  returned: always
+deferred:
+  description: Whether root-only keys are left to set, in which case the run state was not touched.
+  type: bool
+  returned: always
+restart_needed:
+  description: Whether a key Proxmox applies at the next start (C(devN), C(mpN), C(features)) changed on the
+    existing container, in this call or in the root-only keys left to set.
+  type: bool
+  returned: always
 """
 
 import re  # noqa: E402 - Ansible modules document first
@@ -86,7 +106,6 @@ from ansible.module_utils.pve_ct_api import (  # noqa: E402
     API_ARGS,
     call,
     connect,
-    connect_root,
     prop_matches,
     split_prop,
     wait_task,
@@ -119,8 +138,10 @@ def desired_config(p):
             raise ValueError(f"mounts[{i}] needs host_path and mount_point, got {sorted(m)!r}")
         unknown = set(m) - {"host_path", "mount_point", "read_only", "create", "owner", "group", "mode"}
         if unknown:
-            raise ValueError(f"mounts[{i}]: unknown keys {sorted(unknown)} (host_path, mount_point, "
-                             "read_only, create, owner, group, mode)")
+            raise ValueError(
+                f"mounts[{i}]: unknown keys {sorted(unknown)} (host_path, mount_point, "
+                "read_only, create, owner, group, mode)"
+            )
         ro = ",ro=1" if m.get("read_only") else ""
         cfg[f"mp{i}"] = f"{m['host_path']},mp={m['mount_point']}{ro}"
     for i, path in enumerate(p["devices"] or []):
@@ -161,18 +182,12 @@ def split_root(params, unprivileged, oldconf, delete=()):
     return token, root
 
 
-def put_config(module, ct, root_ct, vmid, token_part, root_part):
-    """PUT the token part with the token, then the root-only part with the root@pam ticket (or the token
-    when no root password is set: Proxmox then answers 403, as pve-container does)."""
-    root_who = "a root@pam ticket" if root_ct is not None else "the API token"
-    for part, client, who in ((token_part, ct, "the API token"), (root_part, root_ct or ct, root_who)):
-        if part:
-            call(
-                module,
-                "update CT {} config ({}) with {}".format(vmid, ", ".join(sorted(part)), who),
-                client.config.put,
-                **part,
-            )
+def pct_args(root_part):
+    """`pct set VMID` arguments for the root-only part of an update: `--KEY VALUE` per key (sorted), then
+    `--delete KEYS` (pct takes the API's parameters as options, pve-container src/PVE/CLI/pct.pm `set`)."""
+    delete = root_part.get("delete")
+    args = [a for k in sorted(k for k in root_part if k != "delete") for a in (f"--{k}", str(root_part[k]))]
+    return args + (["--delete", delete] if delete else [])
 
 
 def matches(key, current, wanted):
@@ -187,11 +202,10 @@ def matches(key, current, wanted):
     return str(current) == str(wanted)
 
 
-def create(module, api, root_api, want):
+def create(module, api, want):
+    """Create the container with what the token may set; returns (its config, the root-only part)."""
     p = module.params
     token_part, root_part = split_root(want, p["unprivileged"], None)
-    if root_api is None:  # everything with the token: real PVE refuses the root-only keys (403)
-        token_part, root_part = dict(want), {}
     params = dict(
         token_part,
         vmid=p["vmid"],
@@ -204,12 +218,13 @@ def create(module, api, root_api, want):
     if p["ssh_public_keys"]:
         params["ssh-public-keys"] = "\n".join(p["ssh_public_keys"]) + "\n"
     if module.check_mode:
-        return want
+        return want, root_part
     upid = call(module, "create CT {}".format(p["vmid"]), api.nodes(p["node"]).lxc.post, **params)
     wait_task(module, api, p["node"], upid, p["timeout"], "create CT {}".format(p["vmid"]))
-    if root_part:
-        put_config(module, None, root_api.nodes(p["node"]).lxc(p["vmid"]), p["vmid"], {}, root_part)
-    return call(module, "read CT {} config".format(p["vmid"]), api.nodes(p["node"]).lxc(p["vmid"]).config.get)
+    config = call(
+        module, "read CT {} config".format(p["vmid"]), api.nodes(p["node"]).lxc(p["vmid"]).config.get
+    )
+    return dict(config, **{k: v for k, v in root_part.items() if k != "delete"}), root_part
 
 
 def tags_of(config):
@@ -238,8 +253,11 @@ def converge(module, api, current, want):
             "place. Either set pve_ct_unprivileged: {keep} to keep it as it is{warn}, or back it up and "
             "re-create it: vzdump {vmid}, then pct restore {vmid} <backup> --unprivileged {flag} --force "
             "(Proxmox maps the files' owners), or pct destroy {vmid} and run the play again.".format(
-                vmid=p["vmid"], was="un" if was_unpriv else "", want=str(p["unprivileged"]).lower(),
-                keep=str(was_unpriv).lower(), flag=int(p["unprivileged"]),
+                vmid=p["vmid"],
+                was="un" if was_unpriv else "",
+                want=str(p["unprivileged"]).lower(),
+                keep=str(was_unpriv).lower(),
+                flag=int(p["unprivileged"]),
                 warn="" if was_unpriv else " (the play then prints what a privileged container gives away)",
             )
         )
@@ -291,12 +309,12 @@ def main():
         dev_gid=dict(type="int", default=0),
         tag=dict(type="str", default=""),
         restart_on_change=dict(type="bool", default=True),
+        config_changed=dict(type="bool", default=False),
         timeout=dict(type="int", default=300),
     )
     module = AnsibleModule(argument_spec=args, supports_check_mode=True)
     p = module.params
     api, _version = connect(module)
-    root_api = connect_root(module)
     node, vmid = p["node"], p["vmid"]
     nodes = [n["node"] for n in call(module, "list nodes", api.nodes.get)]
     if node not in nodes:
@@ -310,8 +328,9 @@ def main():
     exists = any(int(v["vmid"]) == vmid for v in vms)
     result = dict(changed=False, created=False, updated=[], vmid=vmid)
     before = {}
+    root_part = {}
     if not exists:
-        after = create(module, api, root_api, want)
+        after, root_part = create(module, api, want)
         result.update(changed=True, created=True, updated=sorted(want))
         status = "stopped"
     else:
@@ -321,12 +340,14 @@ def main():
         after = dict(current, **changed)
         for key in stale:
             after.pop(key)
-        if (changed or stale) and not module.check_mode:
-            token_part, root_part = split_root(
-                changed, bool(int(current.get("unprivileged", 0))), current, stale
+        token_part, root_part = split_root(changed, bool(int(current.get("unprivileged", 0))), current, stale)
+        if token_part and not module.check_mode:
+            call(
+                module,
+                "update CT {} config ({})".format(vmid, ", ".join(sorted(token_part))),
+                ct.config.put,
+                **token_part,
             )
-            root_ct = root_api.nodes(node).lxc(vmid) if root_api is not None else None
-            put_config(module, ct, root_ct, vmid, token_part, root_part)
         if grow and not module.check_mode:
             upid = call(module, f"grow CT {vmid} rootfs", ct.resize.put, disk="rootfs", size=f"{int(grow)}G")
             wait_task(module, api, node, upid, p["timeout"], f"grow CT {vmid} rootfs")
@@ -335,16 +356,14 @@ def main():
         )
         result["changed"] = bool(result["updated"])
         status = call(module, f"read CT {vmid} status", ct.status.current.get)["status"]
-    status, actions = run_state(
-        module,
-        api,
-        ct,
-        status,
-        not result["created"]
-        and any(_kind(k.replace("delete:", "")) in RESTART_KINDS for k in result["updated"]),
+    restart_needed = not result["created"] and any(
+        _kind(k.replace("delete:", "")) in RESTART_KINDS for k in result["updated"]
     )
-    if actions:
-        result.update(changed=True, actions=actions)
+    result.update(pct_args=pct_args(root_part), deferred=bool(root_part), restart_needed=restart_needed)
+    if not root_part:  # with root-only keys left to set, the role starts the CT once pct has set them
+        status, actions = run_state(module, api, ct, status, restart_needed or p["config_changed"])
+        if actions:
+            result.update(changed=True, actions=actions)
     result.update(
         config=after,
         status=status,

@@ -1,7 +1,7 @@
-"""Shared Proxmox API plumbing for the pve_ct modules: connect with an API token over verified TLS (and,
-for the keys pve-container lets only root@pam set, with a root@pam ticket), turn proxmoxer/requests
-failures into messages that name the endpoint and the setting at fault, wait for tasks (UPIDs), and
-compare Proxmox property strings."""
+"""Shared Proxmox API plumbing for the pve_ct modules: connect with an API token over verified TLS, turn
+proxmoxer/requests failures into messages that name the endpoint and the setting at fault, wait for tasks
+(UPIDs), and compare Proxmox property strings. The keys pve-container lets only root@pam set never go
+through the API: the role sets them with `pct set` on the Proxmox host, as root."""
 
 from __future__ import annotations
 
@@ -19,9 +19,6 @@ except ImportError:  # reported by fail_json in connect()
     PROXMOXER_VERSION = None
     ResourceException = Exception
 
-# Only this literal user passes pve-container's root-only checks (src/PVE/LXC.pm line 1658).
-ROOT_USER = "root@pam"
-
 API_ARGS = dict(
     api_host=dict(type="str", required=True),
     api_port=dict(type="int", default=8006),
@@ -30,7 +27,6 @@ API_ARGS = dict(
     api_token_secret=dict(type="str", required=True, no_log=True),
     validate_certs=dict(type="bool", default=True),
     ca_path=dict(type="path", default=None),
-    root_password=dict(type="str", default=None, no_log=True),
 )
 
 
@@ -45,8 +41,8 @@ def explain(params, exc, what):
     if getattr(exc, "status_code", None) == 403 and "root@pam" in text:
         return (
             f"Proxmox API at {endpoint(params)} refused to {what} for '{token}' (HTTP 403 {text}): "
-            "pve-container lets only the literal root@pam set these keys; set pve_ct_api_root_password "
-            "(vault) so that the role sends them with a root@pam ticket"
+            "pve-container lets only the literal root@pam set these keys; the role sets them with "
+            "`pct set` on the Proxmox host instead"
         )
     if getattr(exc, "status_code", None) == 401 or text.startswith("401"):
         return (
@@ -94,32 +90,6 @@ def connect(module):
     except Exception as exc:
         module.fail_json(msg=explain(p, exc, "read /version"))
     return api, version
-
-
-def connect_root(module):
-    """A client with a root@pam ticket (password login), for the keys only root@pam may set; None when no
-    root password is configured (the token is then used and real PVE answers 403)."""
-    p = module.params
-    if not p.get("root_password"):
-        return None
-    try:
-        api = ProxmoxAPI(
-            p["api_host"],
-            port=p["api_port"],
-            user=ROOT_USER,
-            password=p["root_password"],
-            verify_ssl=_verify(p),
-            timeout=30,
-        )
-    except Exception as exc:
-        text = str(exc)
-        if "401" in text or "authentication" in text.lower():
-            module.fail_json(
-                msg=f"Proxmox API at {endpoint(p)} refused a root@pam ticket (HTTP 401): check "
-                "pve_ct_api_root_password"
-            )
-        module.fail_json(msg=explain(p, exc, "log in as root@pam"))
-    return api
 
 
 def call(module, what, fn, *args, **kwargs):
