@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 HERE = Path(__file__).resolve().parent
 PCT = HERE / "standins" / "pct"
@@ -94,6 +94,10 @@ def _free_port() -> int:
 class PveDouble:
     """The double running on https://127.0.0.1:PORT with state and request log under `directory`."""
 
+    # The `pct` stand-in's config of each running double, by port: run_role points pct at the double whose
+    # port the role's variables name (a test may hold several doubles).
+    PCT_CONFIGS: ClassVar[dict[int, Path]] = {}
+
     def __init__(
         self,
         directory: Path,
@@ -168,7 +172,8 @@ class PveDouble:
             )
         )
         self.pct_config.chmod(0o600)
-        os.environ["PCT_STANDIN_CONFIG"] = str(self.pct_config)  # the double this process's pct reaches
+        PveDouble.PCT_CONFIGS[self.port] = self.pct_config
+        os.environ["PCT_STANDIN_CONFIG"] = str(self.pct_config)  # the latest double, for plays run directly
         ctx = ssl.create_default_context(cafile=str(self.ca))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -294,8 +294,8 @@ def start(directory: Path, config: Path) -> str:
     opts = json.loads(config.read_text())["double"]
     hook_cmd = f"{sys.executable} {Path(__file__).resolve()} hook --config {config.resolve()}"
     argv = [sys.executable, str(HERE / "pve_api.py"), "--hook", hook_cmd]
-    for key, val in opts.items():
-        argv += [f"--{key}", str(val)]
+    for key, val in opts.items():  # a list is a repeated option (--token-acl)
+        argv += [a for v in (val if isinstance(val, list) else [val]) for a in (f"--{key}", str(v))]
     code = "".join((HERE / n).read_text() for n in ("pve_api.py", "pve_api_schema.py", "pve_api_lab.py"))
     digest = hashlib.sha256((json.dumps(argv) + code).encode()).hexdigest()
     pidfile, sumfile = directory / "double.pid", directory / "double.sha256"

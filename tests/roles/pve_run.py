@@ -121,6 +121,9 @@ def run_role(
         ANSIBLE_NOCOLOR="1",
         PATH=f"{bindir}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     )
+    pct_config = PveDouble.PCT_CONFIGS.get(role_vars.get("pve_ct_api_port", -1))
+    if pct_config is not None:
+        env["PCT_STANDIN_CONFIG"] = str(pct_config)
     cmd = [
         str(Path(sys.executable).with_name("ansible-playbook")),
         "-i",
