@@ -52,3 +52,25 @@ def test_run_stops_at_the_first_failing_stage(tmp_path, monkeypatch):
     run.write_text("target: {path: /m}\nstages: [generate, prepare, train]\n")
     assert main(["run", str(run)]) == 3
     assert calls == ["generate", "prepare"]
+
+
+@pytest.mark.parametrize(("node_rank", "want"),
+                         [(0, ["generate", "prepare", "train", "eval"]), (1, ["train"])])
+def test_the_other_nodes_of_a_multi_node_run_train_only(tmp_path, monkeypatch, caplog, node_rank, want):
+    """Node 0 generates, prepares and evaluates (global rank 0, on node 0, writes the export); the other
+    nodes take part in train alone, saying why they skip the rest."""
+    import logging
+
+    calls = []
+    for name, module in STAGES.items():
+        mod = importlib.import_module(module)
+        monkeypatch.setattr(mod, "stage", lambda cfg, _n=name: calls.append(_n) or 0)
+        monkeypatch.setattr(mod, "up_to_date", lambda cfg: None, raising=False)
+    run = tmp_path / "r.yml"
+    run.write_text("target: {path: /m}\nstages: [generate, prepare, train, eval]\n"
+                   "train: {placement: {nnodes: 2, rdzv_endpoint: '10.0.0.1:29500'}}\n")
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        assert main(["run", str(run), "--set", f"train.placement.node_rank={node_rank}"]) == 0
+    assert calls == want
+    if node_rank:
+        assert "stage generate skipped: node 0 runs it (this is node 1 of 2)" in caplog.text

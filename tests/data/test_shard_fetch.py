@@ -134,6 +134,43 @@ def test_an_s3_copy_without_its_manifest_is_refused(prepared: Any, tmp_path: Pat
     assert not (tmp_path / "node2" / "shards").exists()
 
 
+def _on_node(cfg: Any, **placement: Any) -> Any:
+    import dataclasses
+
+    p = dataclasses.replace(cfg.train.placement, **placement)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, placement=p))
+
+
+def test_another_node_waits_for_node_0s_upload_and_gives_up_naming_it(
+        prepared: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
+    """Node 1 of a multi-node run starts while node 0 still prepares: it waits for the manifest (saying
+    so), fetches once it is there, and after train.placement.timeout_min gives up naming the URL."""
+    import logging
+    import threading
+
+    import trainer.data.shard_fetch as sf
+
+    client, bucket, node = prepared
+    body = client.get_object(Bucket=bucket, Key="t/shards/manifest.json")["Body"].read()
+    client.delete_object(Bucket=bucket, Key="t/shards/manifest.json")  # node 0's upload still under way
+    monkeypatch.setattr(sf, "WAIT_POLL_S", 0.05)
+    other = _on_node(node("node1"), nnodes=2, node_rank=1)
+    key = "t/shards/manifest.json"
+    put = threading.Timer(0.5, lambda: client.put_object(Bucket=bucket, Key=key, Body=body))
+    put.start()
+    with caplog.at_level(logging.INFO, logger="trainer.data.shard_fetch"):
+        assert ensure_shards(other, client)[tmp_path / "node1" / "shards"] == "fetched"
+    put.join()
+    assert "node 1 of 2 waits for node 0's shards" in caplog.text
+    client.delete_object(Bucket=bucket, Key="t/shards/manifest.json")
+    late = _on_node(node("node2"), nnodes=2, node_rank=1, timeout_min=0.005)
+    with pytest.raises(ShardFetchError, match=r"does not exist.*waited 0.005 min"):
+        ensure_shards(late, client)
+    node0 = _on_node(node("node3"), nnodes=2, node_rank=0)  # node 0 does not wait: its prepare uploads
+    with pytest.raises(ShardFetchError, match="incomplete"):
+        ensure_shards(node0, client)
+
+
 def test_a_shard_that_changed_on_s3_is_refused_and_nothing_swapped_in(prepared: Any, tmp_path: Path) -> None:
     client, bucket, node = prepared
     key = "t/shards/shard-00000.arrow"

@@ -77,7 +77,7 @@ def test_torchrun_line_from_placement(tmp_path) -> None:
     cmd = torchrun_command(cfg, node_rank=1)
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert cmd[3:11] == ["--nnodes=2", "--nproc-per-node=4", "--max-restarts=0", "--shutdown-timeout=270",
-                         "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=overfit",
+                         "--rdzv-backend=static", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=overfit",
                          "--node-rank=1"]
     launch_config = RunLayout.of(cfg).launch_config
     assert cmd[-5:] == ["-m", "trainer", "train", str(launch_config), "--resume"]

@@ -12,7 +12,10 @@ own copy up to date from there before torchrun starts, once per node:
   each is checked against that manifest (size and sha256), the manifest is written last, and the dir is
   renamed into place. An older local copy is moved aside to `.<name>.stale-<UTC time>`, never deleted.
 - An S3 copy without manifest.json (an upload under way or cut short) is refused, naming its URL: no
-  node trains on a partial or stale copy.
+  node trains on a partial or stale copy. On the other nodes of a multi-node run (node_rank > 0, which
+  leave generate and prepare to node 0) the launcher waits for node 0's upload instead, up to
+  train.placement.timeout_min, saying so each minute. The ranks then check that they all hold the same
+  data (trainer.dflash.loop), so a copy fetched before node 0 replaced it is refused there.
 Torch-free.
 """
 from __future__ import annotations
@@ -33,6 +36,13 @@ log = logging.getLogger(__name__)
 
 class ShardFetchError(RuntimeError):
     """The S3 copy of a shards dir cannot be trained from; the message names the URL or file at fault."""
+
+
+class ShardsNotUploaded(ShardFetchError):
+    """The S3 copy has no manifest.json (yet): an upload under way, cut short, or not started."""
+
+# How often a node that waits for node 0's shards looks again.
+WAIT_POLL_S = 5.0
 
 
 def listed_files(manifest: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
@@ -63,7 +73,7 @@ def remote_manifest(client: Any, bucket: str, prefix: str) -> tuple[bytes, dict[
     except Exception as e:
         code = str((getattr(e, "response", None) or {}).get("Error", {}).get("Code", ""))
         if code in ("NoSuchKey", "404", "NotFound"):
-            raise ShardFetchError(
+            raise ShardsNotUploaded(
                 f"{url} does not exist: the S3 copy of the shards is incomplete (an upload cut short or "
                 "still under way; the upload puts manifest.json last); run `python -m trainer prepare` "
                 "again on the node that has the shards") from None
@@ -158,11 +168,35 @@ def ensure_shards(cfg: RunConfig, client: Any = None) -> dict[Path, str]:
     s3 = cfg.s3
     client = client or make_client(s3, max_pool_connections=s3.concurrency * 8 + 4)
     done: dict[Path, str] = {}
-    outcome, manifest = fetch_dir(layout.shards, client, s3.bucket, join_key(s3.prefix, cfg.data.shards),
-                                  concurrency=s3.concurrency)
+    p = cfg.train.placement
+    wait_s = p.timeout_min * 60.0 if p.nnodes > 1 and p.node_rank > 0 else 0.0
+    outcome, manifest = _fetch_waiting(layout.shards, client, s3.bucket, join_key(s3.prefix, cfg.data.shards),
+                                       s3.concurrency, wait_s, f"node {p.node_rank} of {p.nnodes}")
     done[layout.shards] = outcome
     if (manifest.get("heldout") or {}).get("share"):
         done[layout.heldout_shards] = fetch_dir(
             layout.heldout_shards, client, s3.bucket, join_key(s3.prefix, cfg.data.heldout_shards),
             concurrency=s3.concurrency)[0]
     return done
+
+
+def _fetch_waiting(local: Path, client: Any, bucket: str, prefix: str, concurrency: int, wait_s: float,
+                   who: str) -> tuple[str, dict[str, Any]]:
+    """fetch_dir, waiting up to `wait_s` for an S3 copy that has no manifest yet (node 0 still preparing)."""
+    deadline = time.monotonic() + wait_s
+    said = 0.0
+    while True:
+        try:
+            return fetch_dir(local, client, bucket, prefix, concurrency=concurrency)
+        except ShardsNotUploaded as e:
+            now = time.monotonic()
+            if now >= deadline:
+                if wait_s:
+                    raise ShardsNotUploaded(f"{e} (waited {wait_s / 60:g} min, train.placement.timeout_min, "
+                                            f"for node 0 to upload them)") from None
+                raise
+            if now - said >= 60.0:
+                log.info("shards: %s waits for node 0's shards at s3://%s/%s (generate and prepare run on "
+                         "node 0; up to %.0f min more)", who, bucket, prefix, (deadline - now) / 60)
+                said = now
+            time.sleep(min(WAIT_POLL_S, max(deadline - now, 0.0)))

@@ -87,7 +87,8 @@ class PlacementConfig:
 
     With torchrun, each rank trains one drafter replica on ``drafter_gpus[local_rank]`` and runs its
     own target copy on ``target_gpus[local_rank % len(target_gpus)]`` ([] = the drafter's GPU).
-    Multi-node: torchrun's c10d rendezvous on ``rdzv_endpoint``; ``nnodes`` x ``nproc_per_node``.
+    Multi-node: torchrun's static rendezvous on ``rdzv_endpoint`` (node 0 hosts it; ranks follow
+    ``node_rank``); ``nnodes`` x ``nproc_per_node``.
     """
 
     target_gpus: tuple[int, ...] = ()
@@ -95,7 +96,7 @@ class PlacementConfig:
     nnodes: int = 1
     nproc_per_node: int = 1  # > 1 (or nnodes > 1): the train stage starts torchrun itself, one rank per GPU
     node_rank: int = 0  # this node's rank (multi-node: --set train.placement.node_rank=N per node)
-    rdzv_endpoint: str = "localhost:29500"  # host:port of the c10d rendezvous (node 0's address multi-node)
+    rdzv_endpoint: str = "localhost:29500"  # host:port of the rendezvous (node 0's address multi-node)
     rdzv_id: str = ""  # "" = the run name
     # how long a collective may wait for the slowest rank before the process group fails the job (minutes);
     # torch's NCCL default is 10, which the first steps' compiles or rank 0's checkpoint write can exceed

@@ -5,7 +5,7 @@ is not already a torchrun rank, `launch` writes the resolved run config to ``<ru
 and runs, with the same interpreter::
 
     python -m torch.distributed.run --nnodes=N --nproc-per-node=P --max-restarts=0 \\
-        --shutdown-timeout=S (--standalone | --rdzv-backend=c10d --rdzv-endpoint=H:P --rdzv-id=ID
+        --shutdown-timeout=S (--standalone | --rdzv-backend=static --rdzv-endpoint=H:P --rdzv-id=ID
         --node-rank=R) -m trainer train <run_dir>/launch/config.yml --resume
 
 - every rank resumes from the run's latest checkpoint (a relaunch continues where the run stopped);
@@ -14,8 +14,12 @@ and runs, with the same interpreter::
   ``SHUTDOWN_TIMEOUT_S`` for them before SIGKILL. This process then returns 130 (no later stage runs);
 - when a rank dies, torchrun ends the others (``--max-restarts=0``) and this process logs which rank
   died with which exit code (torchrun's "Root Cause" report) and returns that exit code (1 if unknown).
-- multi-node: torchrun's c10d rendezvous on ``rdzv_endpoint``; each node runs the same unit with its
-  own ``train.placement.node_rank``.
+- multi-node: torchrun's static rendezvous on ``rdzv_endpoint`` (node 0 hosts the store there); each node
+  runs the same unit with its own ``train.placement.node_rank``, and its ranks are exactly
+  ``node_rank * nproc_per_node + local_rank``. Not c10d: its rendezvous ignores ``--node-rank`` and numbers
+  the nodes by their host names (torch.distributed.elastic.rendezvous.dynamic_rendezvous,
+  ``_mark_rendezvous_complete`` sorts the participants by FQDN), so global rank 0, which writes the
+  checkpoints, the metrics and the export, could land on any node and not on the one that runs eval.
 """
 from __future__ import annotations
 
@@ -86,7 +90,7 @@ def torchrun_args(cfg: RunConfig) -> list[str]:
             f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}"]
     if p.nnodes == 1:
         return [*args, "--standalone"]
-    return [*args, "--rdzv-backend=c10d", f"--rdzv-endpoint={p.rdzv_endpoint}",
+    return [*args, "--rdzv-backend=static", f"--rdzv-endpoint={p.rdzv_endpoint}",
             f"--rdzv-id={p.rdzv_id or cfg.name}", f"--node-rank={p.node_rank}"]
 
 

@@ -12,6 +12,8 @@ without a per-step sync (`StopVote`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import signal
@@ -165,6 +167,32 @@ class Trainer:
                 f"{sums[0].item() / n:g}): the nodes' checkpoints under {self.ckpt_root} differ; give every "
                 "node the same newest checkpoint (train.upload_checkpoints fetches it from S3)")
 
+    def _check_same_data(self) -> None:
+        """Every rank trains on the same data: each node reads its own copy of the shards (fetched from
+        S3, or prepared there), and a copy fetched before node 0 replaced it would train the ranks on
+        different samples. Compared by what the manifests say the data is (trainer.data.shard_fetch
+        `content`: the files' sizes and sha256 and the doctor's verdict), over all ranks."""
+        if not self.rt.distributed:
+            return
+        from trainer.data.shard_fetch import content
+        from trainer.data.shards import MANIFEST
+
+        path = self.layout.shards / MANIFEST
+        try:
+            what = json.dumps(content(json.loads(path.read_bytes()), str(path)), sort_keys=True)
+        except (OSError, ValueError, RuntimeError):
+            what = f"no readable manifest at {path}"
+        mine = float(int(hashlib.sha256(what.encode()).hexdigest()[:10], 16))  # 40 bits: exact in float64
+        total = dev.all_reduce_sum(torch.tensor([mine], dtype=torch.float64, device=self.rt.device))
+        differs = float(total[0].item() != self.rt.world_size * mine)
+        if dev.all_reduce_sum(torch.tensor([differs], dtype=torch.float64, device=self.rt.device))[0].item():
+            from trainer.data.shards import DataRefused
+
+            raise DataRefused(
+                f"the ranks' shards differ (rank {self.rt.rank}: {path}, data {int(mine):010x}): a node "
+                "holds a stale or other copy; give every node node 0's (data.upload_shards uploads them on "
+                "node 0, and each node's launcher fetches them) and launch again")
+
     def _upload(self, path: Path) -> None:
         try:
             ckpt.upload_checkpoint(path, self.cfg.s3)
@@ -310,6 +338,7 @@ class Trainer:
             else:
                 self.load(found)
             self._check_same_step()
+        self._check_same_data()
         shapes = batch_shapes(self.sampler.shapes(), cfg.data.max_length)
         dev.configure_compile(num_shapes=len(shapes))  # one flex compilation per batch shape, never more
         dev.warm_up_target(rt, self.target, tuple(sorted({n for _, n in shapes})))

@@ -15,7 +15,7 @@ config, overrides file, staging source and destination).
 
 `hosts | trainer_run_placement(hostvars, inventory_hostname, port, rdzv_host, asked_nnodes)` makes one
 training run of the hosts of the play: each host gets `train.placement` nnodes (the number of hosts),
-node_rank (its index in inventory order) and rdzv_endpoint (the first host, torchrun's c10d rendezvous).
+node_rank (its index in inventory order) and rdzv_endpoint (the first host, torchrun's static rendezvous).
 `trainer_run_nccl_env(ifname, ib_hca)` is the environment that pins NCCL (and gloo) to a network.
 """
 
@@ -134,7 +134,7 @@ def placement(
 
     One host: {} (the run file's placement as is). N hosts: nnodes=N, node_rank=the index of `me`,
     rdzv_endpoint=`rdzv_host` (else the first host's ansible_host, else its name) and `port`: every node
-    meets there (torchrun --rdzv-backend=c10d, node 0 hosts the store). A run file (with
+    meets there (torchrun --rdzv-backend=static, node 0 hosts the store). A run file (with
     trainer_run_overrides) whose nnodes > 1 differs from the number of hosts is refused,
     naming both numbers."""
     hosts = list(hosts)
