@@ -268,3 +268,19 @@ def test_cli_json_as_users_call_it(tmp_path: Path) -> None:
     assert (st["stage"], st["train"]["step"], st["train"]["tokens_per_s"], st["train"]["eta_s"]) == (
         "train", 4, 256.0, 196 * 0.25)
     assert "generate" not in st
+
+
+def test_each_node_of_a_multi_node_run_says_which_it_is(run: tuple[Path, RunLayout],
+                                                        capsys: pytest.CaptureFixture) -> None:
+    """Node 0 shows the job's figures and says so; another node (which ran no generate, prepare or eval and
+    writes no metrics) says that node 0's status has them, instead of reporting stages it never runs."""
+    cfg_path, layout = run
+    write_lines(layout.metrics, [step_line(1), step_line(2)])
+    multi = ["--set", "train.placement.nnodes=2", "--set", "train.placement.rdzv_endpoint=10.0.0.1:29500"]
+    assert main(["status", str(cfg_path), *multi]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("(node 0 of 2: the job's figures)") and "  train     step 2/200" in out
+    assert main(["status", str(cfg_path), *multi, "--set", "train.placement.node_rank=1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run st: node 1 of 2: its ranks train in the job whose figures node 0's status shows")
+    assert "  generate" not in out and "  train" not in out

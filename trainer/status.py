@@ -222,6 +222,13 @@ def run_status(cfg: RunConfig, *, base: str | Path | None = None, window: int = 
     now = time.time() if now is None else now
     layout = RunLayout.of(cfg, Path.cwd() if base is None else base)
     out: dict[str, Any] = {"run": cfg.name, "run_dir": str(layout.root), "stages": list(cfg.stages)}
+    p = cfg.train.placement
+    if p.nnodes > 1:
+        out["node"] = {"rank": p.node_rank, "nodes": p.nnodes}
+    if p.nnodes > 1 and p.node_rank > 0:  # its ranks train in the job; node 0 holds what there is to show
+        started = train_status(layout, window, now)["state"] != PENDING
+        out.update(stages=[], stage="other node", started=started)
+        return out
     stages: dict[str, dict[str, Any]] = {}
     train_step = None
     for name in cfg.stages:
@@ -341,6 +348,13 @@ _LINES = {"generate": _generate_lines, "prepare": _prepare_lines, "train": _trai
 def format_status(st: dict[str, Any]) -> str:
     head = {"not started": "not started: no stage has written anything yet",
             "finished": "finished: every stage is done"}.get(st["stage"], f"in stage {st['stage']}")
+    node = st.get("node")
+    if node and node["rank"]:
+        head = (f"node {node['rank']} of {node['nodes']}: its ranks train in the job whose figures node 0's "
+                "status shows (generate, prepare and eval run on node 0, and global rank 0 there writes the "
+                "metrics, checkpoints and export)")
+    elif node:
+        head += f" (node 0 of {node['nodes']}: the job's figures)"
     out = [f"run {st['run']}: {head}", f"  run dir   {st['run_dir']}"]
     for name in st["stages"]:
         body = _LINES[name](st[name])

@@ -115,6 +115,27 @@ def test_an_incomplete_upload_is_never_chosen(s3_server: Any, tmp_path: Path, ca
     assert fetch_newer(other, s3, client) is None
 
 
+def test_a_multi_node_resume_sets_aside_a_local_checkpoint_s3_lacks(s3_server: Any, tmp_path: Path,
+                                                                       caplog: Any) -> None:
+    """Node 0 saved step 3 but lost the upload with the job (another node died meanwhile): every node resumes
+    from S3's newest complete one (step 2), so node 0's step 3 is moved aside, not resumed from, not deleted;
+    a one-node resume keeps its newer local checkpoint."""
+    from trainer.config import S3Config
+    from trainer.dflash.ckpt_sync import fetch_newer
+
+    client = _bucket(s3_server, "multi")
+    s3 = S3Config(bucket="multi", prefix="r", endpoint_url=s3_server.endpoint_url)
+    root = _uploaded(tmp_path, s3, 1, 2, 3)
+    client.delete_object(Bucket="multi", Key="r/checkpoints/step-0000003/files.json")  # the upload cut short
+    assert fetch_newer(root, s3, client) is None  # one node: its newer local step 3 stands
+    assert latest_checkpoint(root) == root / "step-0000003"
+    assert fetch_newer(root, s3, client, only_remote=True) is None  # step 2 is local already
+    assert latest_checkpoint(root) == root / "step-0000002"
+    aside = list(root.glob(".unsynced-step-0000003-*"))
+    assert len(aside) == 1 and (aside[0] / "files.json").is_file()
+    assert "step-0000003 is newer than s3://multi/r/checkpoints's newest complete checkpoint" in caplog.text
+
+
 @pytest.mark.slow
 def test_a_resume_on_another_node_continues_from_the_s3_checkpoint(
         make_run, s3_server: Any, tmp_path: Path, caplog: Any) -> None:

@@ -10,6 +10,7 @@ configure it). A real Proxmox VE cannot run here.
     pve_api_lab.py prune NAME...                                     # remove lab containers that are dead
     pve_api_lab.py boot NAME                      # restart an unprivileged container, its cgroup its root's
     pve_api_lab.py nodes DIR --gpus N             # the GPU nodes Proxmox makes for an unprivileged CT
+    pve_api_lab.py kill-unit NAME UNIT            # SIGKILL a unit's processes in a CT, as a host that dies
 
 `lab.json` (written by lab/playbook.yml): {"double": {...pve_api.py options...}, "cts": {"200":
 {"name": "lab-ct200", "image": ..., "network": ..., "host": "lab-pve", "volumes": [...], "setup": "sh"}}}.
@@ -150,6 +151,20 @@ def run_ct(spec: dict[str, Any], cfg: dict[str, Any], passthrough: Path) -> None
     start_ct(spec["name"], idmap)
 
 
+def link_cts(cts: dict[str, Any], name: str) -> None:
+    """Let the lab's CTs find each other by name, as hosts on one network do through DNS (podman's CNI
+    network here has none): `name` and every other running lab CT each get the other's address in
+    /etc/hosts (appended in place: podman bind-mounts the file). The nodes of a multi-node run meet at
+    node 0's name."""
+    spec = next(s for s in cts.values() if s["name"] == name)
+    others = [s["name"] for s in cts.values()
+              if s["name"] != name and _exists(s["name"]) and _usable(s["name"])]
+    for a, b in [(a, b) for o in others for a, b in ((name, o), (o, name))]:
+        ip = _ip(b, spec["network"])
+        line = f"{ip} {b}"
+        _podman("exec", a, "sh", "-c", f"grep -qx '{line}' /etc/hosts || echo '{line}' >> /etc/hosts")
+
+
 def delegate(name: str, idmap: list[tuple[str, int, int, int]]) -> None:
     """Give the container's control group to its root, as LXC does for a container whose root is mapped
     (lxc src/lxc/cgroups/cgfsng.c, cgfsng_chown: the container's cgroup directories are chowned to the
@@ -231,6 +246,7 @@ def hook(config: Path, event: str, vmid: str) -> int:
             else:
                 run_ct(spec, cfg, config.resolve().parent / "passthrough" / str(vmid))
             setup(spec)
+            link_cts(json.loads(config.read_text())["cts"], name)
         elif event in ("vzstop", "vzshutdown") and _exists(name):
             _podman("stop", "-t", "10", name)
         elif event == "vzdestroy":
@@ -340,6 +356,23 @@ def stop(directory: Path) -> str:
     return "stopped" if pid else "not running"
 
 
+def kill_unit(name: str, unit: str) -> str:
+    """SIGKILL every process of systemd unit `unit` in container `name`, as when its host dies; the unit's
+    main process last. (systemd in a container on a cgroup v1 host, as this machine may be, hears no
+    cgroup-empty event: a unit whose main process died while the others still lived would stay
+    "deactivating" until its stop timeout; with the others gone first, the main process's exit ends it.)"""
+    script = (
+        'u="$1"; main=$(systemctl show -p MainPID --value "$u"); '
+        'cg=$(systemctl show -p ControlGroup --value "$u"); '
+        'procs=$(cat /sys/fs/cgroup/systemd"$cg"/cgroup.procs /sys/fs/cgroup"$cg"/cgroup.procs 2>/dev/null '
+        '|| true); '
+        'for p in $procs; do [ "$p" = "$main" ] || kill -9 "$p" 2>/dev/null || true; done; sleep 1; '
+        '[ "$main" = 0 ] || kill -9 "$main" 2>/dev/null || true; echo "$main $procs"'
+    )
+    out = _podman("exec", name, "sh", "-c", script, "sh", unit).stdout.split()
+    return f"{unit} on {name}: killed {len(set(out[1:]))} process(es), main {out[0] if out else '?'} last"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -356,6 +389,9 @@ def main() -> int:
     r.add_argument("names", nargs="+")
     d = sub.add_parser("boot")
     d.add_argument("name")
+    k = sub.add_parser("kill-unit")
+    k.add_argument("name")
+    k.add_argument("unit")
     n = sub.add_parser("nodes")
     n.add_argument("dir", type=Path)
     n.add_argument("--gpus", type=int, default=2)
@@ -368,6 +404,9 @@ def main() -> int:
     if a.cmd == "boot":  # a container whose systemd exited at its first start: its cgroup was not its own
         _podman("stop", "-t", "0", a.name, check=False)
         start_ct(a.name, id_map({"unprivileged": 1}))
+        return 0
+    if a.cmd == "kill-unit":
+        print(kill_unit(a.name, a.unit))
         return 0
     if a.cmd == "nodes":
         print(" ".join(str(p) for p in make_nodes(a.dir, a.gpus)))

@@ -10,7 +10,12 @@ the upload puts files.json last, after every other file is verified (trainer.dfl
 upload cut short is never chosen. Step dirs uploaded before the list existed are not fetched (nothing
 says they are whole). The newest complete one is fetched when it is newer than the newest complete local
 checkpoint, into a hidden dir first (trainer.data.sync: parallel, verified, resumable), checked against its
-list, and renamed into place; then `latest` names it. Torch-free.
+list, and renamed into place; then `latest` names it.
+
+A multi-node run resumes from S3's newest complete checkpoint on every node (`only_remote`), the one every
+node can have: node 0's disk may hold a newer step dir whose upload the loss of another node cut short,
+and resuming from it there would put the nodes at different steps. Such a dir is moved aside
+(`.unsynced-step-N-<UTC time>`, never deleted) with a warning. Torch-free.
 """
 from __future__ import annotations
 
@@ -22,7 +27,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from trainer.layout import FILES_LIST, checkpoint_problem, files_problem, latest_checkpoint, read_files_list
+from trainer.layout import (
+    FILES_LIST,
+    checkpoint_problem,
+    files_problem,
+    latest_checkpoint,
+    list_checkpoints,
+    read_files_list,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +77,34 @@ def newest_remote(client: Any, bucket: str, prefix: str) -> tuple[str, dict[str,
     return None
 
 
-def fetch_newer(ckpt_root: Path, s3: Any, client: Any = None) -> Path | None:
+def set_aside_newer(ckpt_root: Path, step: int, where: str) -> list[Path]:
+    """Move the local step dirs newer than `step` (S3's newest complete, -1 for none) aside; -> where to."""
+    moved = []
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for step_dir in list_checkpoints(ckpt_root):
+        if _step(step_dir.name) > step:
+            aside = ckpt_root / f".unsynced-{step_dir.name}-{stamp}"
+            os.replace(step_dir, aside)
+            moved.append(aside)
+            log.warning("resume: %s is newer than %s's newest complete checkpoint, which every node resumes "
+                        "from; moved aside to %s", step_dir.name, where, aside)
+    if moved:
+        (ckpt_root / "latest").unlink(missing_ok=True)  # latest_checkpoint falls back to the newest kept
+    return moved
+
+
+def fetch_newer(ckpt_root: Path, s3: Any, client: Any = None, only_remote: bool = False) -> Path | None:
     """Fetch the newest complete S3 checkpoint of the run (`s3`: its S3Config) into `ckpt_root` when no
-    complete local checkpoint is as new; -> the fetched step dir, or None when there was nothing newer."""
+    complete local checkpoint is as new; -> the fetched step dir, or None when there was nothing newer.
+    `only_remote` (a multi-node run): local step dirs newer than that one are moved aside first."""
     from trainer.data.sync import S3Sync
     from trainer.s3 import join_key, make_client
 
     prefix = join_key(s3.prefix, "checkpoints")
     client = client or make_client(s3, max_pool_connections=s3.concurrency * 8 + 4)
     found = newest_remote(client, s3.bucket, prefix)
+    if only_remote:
+        set_aside_newer(ckpt_root, _step(found[0]) if found else -1, f"s3://{s3.bucket}/{prefix}")
     local = latest_checkpoint(ckpt_root)
     if found is None:
         log.info("no complete checkpoint under s3://%s/%s to resume from", s3.bucket, prefix)

@@ -171,7 +171,7 @@ def fetch_inputs(cfg: RunConfig, resume: bool) -> None:
 
     root = RunLayout.of(cfg).checkpoints
     try:
-        fetch_newer(root, cfg.s3)
+        fetch_newer(root, cfg.s3, only_remote=cfg.train.placement.nnodes > 1)
     except Exception as e:  # S3 unreachable or changing under the fetch: the local checkpoints still serve
         log.error("resume: fetching the newest checkpoint from s3 failed (%s); resuming from the local "
                   "checkpoints under %s", e, root)
