@@ -39,3 +39,19 @@ def random_rows(n: int, length: int, vocab: int = 500, seed: int = 0, prompt: in
         ids = [rng.randrange(vocab) for _ in range(ln)]
         rows.append((ids, [0] * prompt + [1] * (ln - prompt)))
     return rows
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid`, from /proc (torchrun starts its ranks in their own sessions, so a signal
+    to the launcher's process group does not reach them)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            out += [int(d.name), *descendants(int(d.name))]
+    return out

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_factory import random_rows
+from dflash_factory import descendants, random_rows
 
 from trainer.config import load_run_config
 from trainer.dflash import checkpoint as ckpt
@@ -89,20 +89,6 @@ def test_sigint_checkpoints_every_rank_and_relaunch_resumes(make_run) -> None:
     assert _steps(RunLayout.of(cfg).root)[-2:] == [at + 1, at + 2]
 
 
-def _descendants(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid:
-            out += [int(d.name), *_descendants(int(d.name))]
-    return out
-
-
 def test_sigint_to_every_process_as_systemd_sends_it(make_run) -> None:
     """trainer-run@.service stops with KillSignal=SIGINT to the whole cgroup (KillMode=control-group): the
     launcher, torchrun's agent and every rank get SIGINT at once; still one checkpoint, exit 130."""
@@ -111,7 +97,7 @@ def test_sigint_to_every_process_as_systemd_sends_it(make_run) -> None:
     cfg = load_run_config(path)
     proc = _start(path)
     _wait_for_step(proc, RunLayout.of(cfg).root, 2)
-    tree = [proc.pid, *_descendants(proc.pid)]
+    tree = [proc.pid, *descendants(proc.pid)]
     assert len(tree) >= 4  # launcher, torchrun, 2 ranks
     for pid in tree:
         os.kill(pid, signal.SIGINT)

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from dflash_factory import random_rows
+from dflash_factory import descendants, random_rows
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -70,22 +70,6 @@ def _lines(run_dir: Path) -> list[dict[str, Any]]:
 
 def _steps(run_dir: Path) -> dict[int, dict[str, Any]]:
     return {r["step"]: r for r in _lines(run_dir) if "loss" in r}
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process under `pid` (torchrun starts its ranks in their own sessions: a kill of the
-    launcher's process group would leave them running)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid:
-            out += [int(d.name), *_descendants(int(d.name))]
-    return out
 
 
 def _s3_complete(client: Any, bucket: str, key: str) -> bool:
@@ -171,7 +155,7 @@ def test_two_nodes_train_one_job_then_survive_losing_node_1(two_nodes: dict[str,
         assert time.monotonic() < deadline and n0.poll() is None and n1.poll() is None, (
             n0.poll(), n1.poll())
         time.sleep(0.05)
-    for pid in [n1.pid, *_descendants(n1.pid)]:  # the host is gone: its launcher, torchrun and its rank
+    for pid in [n1.pid, *descendants(n1.pid)]:  # the host is gone: its launcher, torchrun and its rank
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     out1 = n1.communicate(timeout=60)[0]
