@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
 """The lab's S3: moto's server (a double of S3's HTTP API; no real bucket can be used here) as a daemon on
-this machine's address on the lab network, with the lab's bucket made, so that the nodes of the lab's
-multi-node run share their shards and checkpoints through S3 as production nodes do. moto keeps its
-objects in memory: a restart of the daemon empties the bucket, as a new bucket would be.
+this machine, with the lab's bucket made, so that the nodes of the lab's multi-node run share their shards
+and checkpoints through S3 as production nodes do. moto keeps its objects in memory: a restart of the
+daemon empties the bucket, as a new bucket would be.
 
-    s3_lab.py start --dir .lab/s3 --host ADDR --port 5090 --bucket lab-runs   # prints started/running
+The lab binds it to every address (0.0.0.0), and the nodes reach it on the lab network's gateway: podman
+records a network when it is created, but its bridge and the gateway address come up only when the first
+container joins it, so on a machine that never ran the lab nothing can bind the gateway before then.
+
+    s3_lab.py start --dir .lab/s3 --host 0.0.0.0 --port 5090 --bucket lab-runs   # prints started/running
     s3_lab.py stop --dir .lab/s3                                              # bin/lab down
     s3_lab.py wait --url URL --bucket B --key K [--timeout S]                 # until the object exists
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,13 +52,56 @@ def _make_bucket(url: str, bucket: str) -> None:
                 from None
 
 
+def other_doubles(port: int) -> list[int]:
+    """The pids of moto servers on `port` (another checkout's lab, or a bin/lab cut short, left running)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"moto_server") for a in argv) and b"-p" in argv:
+            i = argv.index(b"-p")
+            if i + 1 < len(argv) and argv[i + 1] == str(port).encode() and int(proc.name) != os.getpid():
+                pids.append(int(proc.name))
+    return pids
+
+
+def check_bindable(host: str, port: int) -> None:
+    """SystemExit naming the address or the port when moto could not listen there: an address that is not
+    this machine's (EADDRNOTAVAIL: a podman network's gateway before a container has joined it) or a port
+    another program holds (EADDRINUSE)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as moto's server (werkzeug) binds
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise SystemExit(f"the S3 double cannot listen on {host}: no interface of this machine has "
+                                 "that address (a podman network's gateway exists only once a container has "
+                                 "joined the network)") from None
+            if e.errno == errno.EADDRINUSE:
+                raise SystemExit(f"the S3 double cannot listen on {host}:{port}: another program holds port "
+                                 f"{port} (`ss -ltnp 'sport = :{port}'` names it)") from None
+            raise SystemExit(f"the S3 double cannot listen on {host}:{port}: {e}") from None
+
+
 def start(directory: Path, host: str, port: int, bucket: str) -> str:
     directory.mkdir(parents=True, exist_ok=True)
-    pidfile, url = directory / "moto.pid", f"http://{host}:{port}"
+    # 0.0.0.0 is every address: the daemon is checked on loopback.
+    pidfile, url = directory / "moto.pid", f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
     if _alive(pidfile) and _answers(url):
         _make_bucket(url, bucket)
         return "running"
     stop(directory)
+    for pid in other_doubles(port):  # one lab per machine: its S3 is ours now
+        print(f"stopping another lab's S3 double (pid {pid}) on port {port}", file=sys.stderr)
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(50):
+            if not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.1)
+    check_bindable(host, port)
     exe = Path(sys.executable).with_name("moto_server")
     if not exe.exists():
         raise SystemExit(f"{exe} not found: the controller's venv needs the dev extra (moto[server])")
@@ -63,8 +112,7 @@ def start(directory: Path, host: str, port: int, bucket: str) -> str:
     deadline = time.monotonic() + 30
     while not _answers(url):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the S3 double did not answer on {url} (is port {port} taken? see "
-                             f"{directory}/moto.log)")
+            raise SystemExit(f"the S3 double did not answer on {url} within 30 s (see {directory}/moto.log)")
         time.sleep(0.2)
     _make_bucket(url, bucket)
     return "started"
