@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests/doubles/fake-boot/fakeboot.py"
 TEMPLATES = REPO / "roles/kernel/templates"
 ESP_UUID = "7A3C-1F0E"
-ENV = "grub/gpu-node-boot.env"
+ENV = "gpu-node/boot.env"
 
 
 def _load(name: str, path: Path):
@@ -230,7 +230,7 @@ def _snippet(body):
         (
             "bios without insmod fat",
             "if search --no-floppy --fs-uuid --set=e 7a3c-1f0e; then\n"
-            "  load_env --file ($e)/grub/gpu-node-boot.env next_entry\n"
+            "  load_env --file ($e)/gpu-node/boot.env next_entry\n"
             '  if [ "${next_entry}" ] ; then\n    set default="${next_entry}"\n  fi\nfi',
             [OLD8, OLD8],
         ),
@@ -238,7 +238,7 @@ def _snippet(body):
         (
             "no save_env",
             "insmod fat\nif search --no-floppy --fs-uuid --set=e 7A3C-1F0E; then\n"
-            "  load_env --file ($e)/grub/gpu-node-boot.env next_entry\n"
+            "  load_env --file ($e)/gpu-node/boot.env next_entry\n"
             '  if [ "${next_entry}" ] ; then\n    set default="${next_entry}"\n  fi\nfi',
             [NEW, NEW],
         ),

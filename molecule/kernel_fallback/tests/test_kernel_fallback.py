@@ -17,7 +17,7 @@ NEW = "6.12.0-untested"
 GRUB_HOSTS = ("panic-grub", "lvm-uefi", "lvm-bios", "zfs-refused")
 # Hosts whose last attempt makes the new kernel the default (molecule.yml: fake_boot_completes).
 COMPLETES = ("lvm-uefi", "lvm-bios")
-ESP_ENV = "/boot/efi/grub/gpu-node-boot.env"
+ESP_ENV = "/boot/efi/gpu-node/boot.env"
 
 
 HOSTS = ("panic-sdboot", "panic-grub", "check-sdboot", "lvm-uefi", "lvm-bios", "zfs-refused")
