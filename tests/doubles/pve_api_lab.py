@@ -266,19 +266,24 @@ def _alive(pidfile: Path) -> int:
         return 0
 
 
-def other_doubles(port: int) -> list[int]:
-    """The pids of pve_api.py doubles serving `port` (another checkout's lab, left running)."""
+def serving(program: bytes, flag: bytes, port: int) -> list[int]:
+    """The pids of processes running `program` (an argv entry ending so) with `flag PORT` in their argv."""
     pids = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"pve_api.py") for a in argv) and b"--port" in argv:
-            i = argv.index(b"--port")
-            if i + 1 < len(argv) and argv[i + 1] == str(port).encode():
+        if any(a.endswith(program) for a in argv) and flag in argv:
+            i = argv.index(flag)
+            if i + 1 < len(argv) and argv[i + 1] == str(port).encode() and int(proc.name) != os.getpid():
                 pids.append(int(proc.name))
     return pids
+
+
+def other_doubles(port: int) -> list[int]:
+    """The pids of pve_api.py doubles serving `port` (another checkout's lab, left running)."""
+    return serving(b"pve_api.py", b"--port", port)
 
 
 def mark_stopped(state_path: Path, vmids: list[str]) -> None:

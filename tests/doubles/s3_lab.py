@@ -27,9 +27,9 @@ import urllib.request
 from pathlib import Path
 
 try:  # imported as tests.doubles.s3_lab, or run from its folder
-    from .pve_api_lab import _alive  # the pid in a pidfile, when that process lives
+    from .pve_api_lab import _alive, serving  # the pid in a pidfile, when that process lives
 except ImportError:
-    from pve_api_lab import _alive  # type: ignore[no-redef]
+    from pve_api_lab import _alive, serving  # type: ignore[no-redef]
 
 
 def _answers(url: str) -> bool:
@@ -54,17 +54,7 @@ def _make_bucket(url: str, bucket: str) -> None:
 
 def other_doubles(port: int) -> list[int]:
     """The pids of moto servers on `port` (another checkout's lab, or a bin/lab cut short, left running)."""
-    pids = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"moto_server") for a in argv) and b"-p" in argv:
-            i = argv.index(b"-p")
-            if i + 1 < len(argv) and argv[i + 1] == str(port).encode() and int(proc.name) != os.getpid():
-                pids.append(int(proc.name))
-    return pids
+    return serving(b"moto_server", b"-p", port)
 
 
 def check_bindable(host: str, port: int) -> None:
